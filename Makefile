@@ -1,0 +1,49 @@
+# Two entry points for a fresh machine: `make reproduce` (default DAG to the PDF) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+STAMP := $(VENV)/.installed
+TEX_PACKAGES := latexmk texlive-latex-recommended texlive-fonts-recommended texlive-latex-extra poppler-utils
+export PATH := $(BIN):$(PATH)
+
+.PHONY: setup tex reproduce paper test lint clean
+
+setup: $(STAMP) tex
+
+$(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "decodelab needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+# TeX for the paper: Debian/Ubuntu get it from apt; macOS users install MacTeX (see README).
+tex:
+	@command -v latexmk >/dev/null 2>&1 && command -v pdftoppm >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    sudo=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	    $$sudo apt-get update -qq && $$sudo apt-get install -y -qq $(TEX_PACKAGES); \
+	  else \
+	    echo "latexmk/pdftoppm not found: install TeX Live (macOS: brew install --cask mactex-no-gui; brew install poppler)"; \
+	    exit 1; \
+	  fi; }
+
+reproduce: setup
+	$(BIN)/snakemake
+
+# Rebuild statistics, figures and the PDF from existing raw runs; never re-measures.
+paper: setup
+	$(BIN)/snakemake --allowed-rules collect skipped statistics regimes settings figures paper all
+
+test: setup
+	$(BIN)/pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/snakemake --lint
+
+clean:
+	rm -rf results/models results/paper .snakemake logs benchmarks
+	find results -mindepth 1 -maxdepth 1 ! -name reference -exec rm -rf {} +

@@ -1,0 +1,24 @@
+# decodelab: config -> models -> raw runs -> tidy tables -> statistics -> figures -> paper PDF.
+from snakemake.utils import min_version, validate
+
+min_version("9.5")
+
+
+configfile: "config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/sweeps.smk"
+include: "workflow/rules/stats.smk"
+include: "workflow/rules/figures.smk"
+include: "workflow/rules/paper.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "results/paper/paper.pdf",

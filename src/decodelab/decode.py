@@ -1,0 +1,71 @@
+"""The decode harness: a timed prefill, then one timed forward pass per generated token.
+
+The full budget is always decoded (no EOS stop), so budgets are comparable. With the cache on,
+each step feeds one token and a `DynamicCache` we own; with it off, each step re-runs the whole
+sequence, which is what `use_cache=False` means for latency.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from .devices import now
+
+
+@dataclass
+class Decoded:
+    tokens: list[int]
+    prefill_s: float
+    step_s: list[float] = field(default_factory=list)
+
+    @property
+    def decode_s(self) -> float:
+        return float(sum(self.step_s))
+
+
+def cache_kwarg(model) -> str:
+    """transformers 5.24 renamed `past_key_values` to `cache`; accept both spellings."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def forward_logits(model, ids: torch.Tensor, cache: DynamicCache | None) -> torch.Tensor:
+    """Logits of the last position only (`logits_to_keep=1`, as `generate` does)."""
+    kwargs = {"use_cache": cache is not None, "logits_to_keep": 1}
+    if cache is not None:
+        kwargs[cache_kwarg(model)] = cache
+    return model(input_ids=ids, **kwargs).logits[:, -1, :]
+
+
+def next_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+@torch.inference_mode()
+def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
+           temperature: float = 0.0, generator: torch.Generator | None = None) -> Decoded:
+    """Generate exactly `budget` tokens after `prompt` ([1, T] ids on the model's device)."""
+    device = prompt.device
+    cache = DynamicCache(config=model.config) if use_cache else None
+    start = now(device)
+    token = next_token(forward_logits(model, prompt, cache), temperature, generator)
+    prefill_end = now(device)
+    out = Decoded(tokens=[], prefill_s=prefill_end - start)
+    generated = [token]
+    last = prefill_end
+    for _ in range(budget - 1):
+        ids = token if use_cache else torch.cat([prompt, *generated], dim=1)
+        token = next_token(forward_logits(model, ids, cache), temperature, generator)
+        generated.append(token)
+        t = now(device)
+        out.step_s.append(t - last)
+        last = t
+    out.tokens = torch.cat(generated, dim=1)[0].tolist()
+    return out

@@ -1,0 +1,2 @@
+class DecodelabError(Exception):
+    """A problem the user can fix (config, environment, input): printed without a traceback."""

@@ -1,0 +1,109 @@
+"""Budget sweeps and the KV-cache ablation: one process measures a shuffled grid of
+(prompt length, budget, cache) configurations on one backend and model."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+from transformers import AutoConfig
+
+from . import models
+from .decode import decode
+from .devices import fingerprint, memory_snapshot, reset_peak_memory, synchronize
+from .errors import DecodelabError
+
+
+def make_grid(budgets: Iterable[int], prompt_lengths: Iterable[int], caches: Iterable[bool],
+              inner_repeats: int) -> list[dict]:
+    return [
+        {"prompt_len": p, "budget": b, "use_cache": c, "inner": i}
+        for p, b, c, i in itertools.product(prompt_lengths, budgets, caches, range(inner_repeats))
+    ]
+
+
+def shuffled(grid: list[dict], seed: int) -> list[dict]:
+    order = list(grid)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def make_prompt(vocab_size: int, length: int, seed: int, device: str) -> torch.Tensor:
+    """The same random prompt for a given (seed, length) in every process and on every device."""
+    gen = torch.Generator().manual_seed(seed * 100_003 + length)
+    return torch.randint(0, vocab_size, (1, length), generator=gen).to(device)
+
+
+def check_positions(config, budgets: Iterable[int], prompt_lengths: Iterable[int], name: str):
+    limit = models.max_positions(config)
+    longest = max(budgets) + max(prompt_lengths)
+    if limit is not None and longest > limit:
+        raise DecodelabError(
+            f"model {name!r}: budget + prompt length reaches {longest} tokens but the "
+            f"{config.model_type} position table has {limit} rows; lower sweep.budgets or "
+            "sweep.prompt_lengths")
+
+
+def warm_up(model, prompts: dict[int, torch.Tensor], caches: Iterable[bool], budget: int,
+            times: int) -> None:
+    for _, prompt in sorted(prompts.items()):
+        for use_cache in caches:
+            for _ in range(times):
+                decode(model, prompt, budget, use_cache=use_cache)
+
+
+def measure(model, prompt: torch.Tensor, cfg: dict, device: str) -> dict:
+    reset_peak_memory(device)
+    out = decode(model, prompt, cfg["budget"], use_cache=cfg["use_cache"])
+    synchronize(device)
+    steps = np.asarray(out.step_s) if out.step_s else np.asarray([np.nan])
+    return {
+        **cfg,
+        "prefill_s": out.prefill_s,
+        "decode_s": out.decode_s,
+        "total_s": out.prefill_s + out.decode_s,
+        "decode_per_token_s": out.decode_s / max(len(out.step_s), 1),
+        "step_median_s": float(np.median(steps)),
+        "step_max_s": float(np.max(steps)),
+        "step_s": [float(s) for s in out.step_s],
+        "tokens_generated": len(out.tokens),
+        **memory_snapshot(device),
+    }
+
+
+def run(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
+        experiment: str, progress: bool = True) -> pd.DataFrame:
+    """Measure the whole grid of `spec` once, in this process; one row per configuration."""
+    caches = [True, False] if experiment == "ablation" else [True]
+    manifest = models.read_manifest(model_dir)
+    check_positions(AutoConfig.from_pretrained(model_dir), spec["budgets"],
+                    spec["prompt_lengths"], model_name)
+    model = models.load(model_dir, backend, spec["dtype"])
+    vocab = model.config.vocab_size
+    prompts = {p: make_prompt(vocab, p, spec["seed"], backend) for p in spec["prompt_lengths"]}
+    shuffle_seed = spec["seed"] + 7919 * repeat
+    grid = shuffled(make_grid(spec["budgets"], spec["prompt_lengths"], caches,
+                              spec["inner_repeats"]), shuffle_seed)
+    warm_up(model, prompts, caches, min(spec["budgets"]), spec["warmup"])
+    rows = []
+    label = f"{experiment} {backend}/{model_name} rep{repeat}"
+    for order, cfg in enumerate(tqdm(grid, desc=label, disable=not progress, mininterval=1)):
+        rows.append({"order": order, **measure(model, prompts[cfg["prompt_len"]], cfg, backend)})
+    meta = {
+        "experiment": experiment,
+        "model": model_name,
+        "family": models.family_of(model.config),
+        "source": manifest.get("source", "unknown"),
+        "parameters": models.count_parameters(model),
+        "dtype": spec["dtype"],
+        "repeat": repeat,
+        "shuffle_seed": shuffle_seed,
+        "seed": spec["seed"],
+        **fingerprint(backend, spec),
+    }
+    return pd.DataFrame([{**meta, **row} for row in rows])

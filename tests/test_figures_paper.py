@@ -1,0 +1,400 @@
+"""Figures, generated TeX and the paper sources: fixtures are synthetic tables, not paper data."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from decodelab import figures, paper
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ROOT / "paper"
+
+BUDGETS = [8, 16, 24, 32, 48, 64, 96, 128, 160, 192]
+MODELS = {"gpt2-tiny": "gpt2", "opt-tiny": "opt", "bloom-tiny": "bloom"}
+PER_TOKEN_S = {"cpu": 1.6e-3, "cuda": 0.4e-3, "mps": 0.9e-3}
+SKIP_REASONS = {"cuda": "torch.cuda.is_available() is False (no_gpu & 100% CPU)",
+                "mps": "this torch build has no MPS support (MPS needs macOS on Apple silicon)"}
+SPIKE = ("mps", "gpt2-tiny", 96, 6.0)  # backend, model, budget, factor on decode
+
+
+# -----------------------------------------------------------------------------
+# fixtures: small but realistic stats tables, the schema the stats rule writes
+
+def settings_dict(backends=("cpu", "cuda", "mps")) -> dict:
+    return {
+        "host": "ci_runner-01", "backends": list(backends), "budgets": BUDGETS,
+        "prompt_lengths": [32], "repeats": 3, "inner_repeats": 2, "warmup": 2,
+        "dtype": "float32", "shuffle_seed": 20261130,
+        "models": {m: {"source": "init", "preset": m, "seed": 1} for m in MODELS},
+        "regimes": {"window": 2, "threshold": 1.5, "consistency": 1.0, "alpha": 0.05},
+        "stats": {"confidence": 0.95, "bootstrap_resamples": 2000, "seed": 7},
+    }
+
+
+def phases(backend: str, model: str, budget: int, cache: bool) -> dict[str, float]:
+    prefill = PER_TOKEN_S[backend] * (2.0 + 0.1 * len(model))
+    step = PER_TOKEN_S[backend] * (1.0 if cache else 1.0 + budget / 40)
+    if cache and (backend, model, budget) == SPIKE[:3]:
+        step *= SPIKE[3]
+    decode = step * budget
+    return {"prefill_s": prefill, "decode_s": decode, "total_s": prefill + decode,
+            "decode_per_token_s": step}
+
+
+def latency_rows(backends) -> list[dict]:
+    rows = []
+    grid = [("sweep", True), ("ablation", True), ("ablation", False)]
+    for backend in backends:
+        for model, family in MODELS.items():
+            for (experiment, cache), budget in ((g, b) for g in grid for b in BUDGETS):
+                for metric, value in phases(backend, model, budget, cache).items():
+                    rows.append({"experiment": experiment, "backend": backend, "model": model,
+                                 "family": family, "dtype": "float32", "prompt_len": 32,
+                                 "use_cache": cache, "budget": budget, "metric": metric,
+                                 "median": value, "ci_low": 0.93 * value,
+                                 "ci_high": 1.08 * value, "n": 3})
+    return rows
+
+
+def kv_rows(backends) -> list[dict]:
+    rows = []
+    for backend, (model, family), budget in ((b, m, n) for b in backends for m in MODELS.items()
+                                              for n in BUDGETS):
+        for metric in ("total_s", "decode_s"):
+            on, off = (phases(backend, model, budget, c)[metric] for c in (True, False))
+            rows.append({"backend": backend, "model": model, "family": family,
+                         "dtype": "float32", "prompt_len": 32, "budget": budget,
+                         "metric": metric, "speedup": off / on, "ci_low": 0.9 * off / on,
+                         "ci_high": 1.1 * off / on, "n": 3})
+    return rows
+
+
+def regime_rows(latency: pd.DataFrame, threshold: float = 1.5) -> list[dict]:
+    rows = []
+    keys = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache",
+            "metric"]
+    phase = latency[latency["metric"].isin(["total_s", "prefill_s", "decode_s"])]
+    for key, g in phase.groupby(keys):
+        g = g.sort_values("budget")
+        values = g["median"].to_numpy()
+        for i, budget in enumerate(g["budget"]):
+            neighbours = np.r_[values[max(0, i - 2):i], values[i + 1:i + 3]]
+            trend = float(np.median(neighbours))
+            ratio = float(values[i] / trend)
+            rows.append({**dict(zip(keys, key, strict=True)), "budget": budget,
+                         "value_median": values[i], "trend_median": trend,
+                         "ratio_median": ratio, "ratio_min": 0.95 * ratio,
+                         "frac_above": float(ratio >= threshold), "p_value": 0.01 if
+                         ratio >= threshold else 0.6, "n_repeats": 3,
+                         "spike": ratio >= threshold})
+    return rows
+
+
+def write_stats(stats_dir: Path, backends=("cpu", "mps"), spikes: bool = True) -> Path:
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    latency = pd.DataFrame(latency_rows(backends))
+    regimes = pd.DataFrame(regime_rows(latency, threshold=1.5 if spikes else 1e9))
+    env = pd.DataFrame([{
+        "host": "ci_runner-01", "backend": b, "device_name": f"{b} device_0",
+        "cpu_model": "Intel(R) Xeon(R) Platinum 8488C", "cpu_count": 2, "ram_bytes": 8 * 2**30,
+        "os": "Linux-6.8.0-1015-aws-x86_64-with-glibc2.36", "python": "3.11.2",
+        "torch": "2.13.0+cpu", "transformers": "5.24.0",
+        "git_commit": "0123456789abcdef0123456789abcdef01234567-dirty"} for b in backends])
+    requested = settings_dict()["backends"]
+    skipped = pd.DataFrame([{"host": "ci_runner-01", "backend": b, "reason": SKIP_REASONS[b]}
+                            for b in requested if b not in backends],
+                           columns=["host", "backend", "reason"])
+    latency.to_csv(stats_dir / "latency.csv", index=False)
+    regimes.to_csv(stats_dir / "regimes.csv", index=False)
+    pd.DataFrame(kv_rows(backends)).to_csv(stats_dir / "kv_speedup.csv", index=False)
+    env.to_csv(stats_dir / "environment.csv", index=False)
+    skipped.to_csv(stats_dir / "skipped.csv", index=False)
+    return stats_dir
+
+
+@pytest.fixture
+def stats(tmp_path) -> Path:
+    return write_stats(tmp_path / "stats")
+
+
+@pytest.fixture
+def cpu_only(tmp_path) -> Path:
+    """One backend, nothing flagged: the shape of a CPU-only CI host."""
+    return write_stats(tmp_path / "stats_cpu", backends=("cpu",), spikes=False)
+
+
+def generate(stats_dir: Path, out: Path) -> dict[str, str]:
+    paper.write_generated(stats_dir, settings_dict(), out)
+    return defined_macros((out / "macros.tex").read_text())
+
+
+def defined_macros(tex: str) -> dict[str, str]:
+    """name -> value for every \newcommand; \newif names map to 'true'/'false'."""
+    macros = dict(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}\{(.*)\}$", tex, flags=re.M))
+    for name, value in re.findall(r"\\newif\\if([A-Za-z]+)\\[A-Za-z]+?(true|false)", tex):
+        macros["if" + name] = value
+    return macros
+
+
+def empty_tables(stats_dir: Path) -> None:
+    """Keep only the headers: a host where no backend produced a result."""
+    for name in paper.TABLES:
+        path = stats_dir / f"{name}.csv"
+        pd.read_csv(path).iloc[0:0].to_csv(path, index=False)
+
+
+# -----------------------------------------------------------------------------
+# figures
+
+def assert_written(paths: list[Path]) -> None:
+    assert sorted(p.suffix for p in paths) == [".pdf", ".png"]
+    for p in paths:
+        assert p.exists() and p.stat().st_size > 1000, p
+    png = next(p for p in paths if p.suffix == ".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_latency_figure_two_backends_with_spikes(stats, tmp_path):
+    latency, regimes = (pd.read_csv(stats / f"{n}.csv") for n in ("latency", "regimes"))
+    assert figures.spike_budgets(regimes).shape[0] == 1
+    assert_written(figures.latency_figure(latency, regimes, tmp_path / "fig" / "latency"))
+
+
+def test_kv_figure(stats, tmp_path):
+    kv = pd.read_csv(stats / "kv_speedup.csv")
+    assert_written(figures.kv_figure(kv, tmp_path / "fig" / "kv_speedup"))
+
+
+def test_figures_one_backend_zero_spikes(cpu_only, tmp_path):
+    paths = figures.draw_all(cpu_only, tmp_path / "fig")
+    assert_written(paths[:2])
+    assert_written(paths[2:])
+
+
+def test_figures_survive_empty_tables(stats, tmp_path):
+    empty = {n: pd.read_csv(stats / f"{n}.csv").iloc[0:0] for n in ("latency", "regimes",
+                                                                     "kv_speedup")}
+    assert_written(figures.latency_figure(empty["latency"], empty["regimes"], tmp_path / "l"))
+    assert_written(figures.kv_figure(empty["kv_speedup"], tmp_path / "k"))
+
+
+def test_backend_colors_are_stable():
+    assert figures.backend_color("mps") == figures.BACKEND_COLORS["mps"]
+    assert len(set(figures.BACKEND_COLORS.values())) == len(figures.BACKEND_COLORS)
+
+
+# -----------------------------------------------------------------------------
+# generated TeX
+
+def test_tex_escape():
+    assert paper.tex_escape("gpt2_tiny & 100% #1 {x} $y ~z ^w \\") == (
+        r"gpt2\_tiny \& 100\% \#1 \{x\} \$y \textasciitilde{}z \textasciicircum{}w "
+        r"\textbackslash{}")
+    assert paper.tex_escape("a-b_c", breakable=True) == r"a-\allowbreak{}b\_\allowbreak{}c"
+
+
+@pytest.mark.parametrize("value, text", [
+    (0.000123456, "0.000123"), (0.5699, "0.570"), (5.7351, "5.74"), (9.996, "10.0"),
+    (123.44, "123"), (1234.5, "1,230"), (0, "0"), (float("nan"), "--"), (None, "--"),
+])
+def test_sig(value, text):
+    assert paper.sig(value) == text
+
+
+def test_macro_names_are_letters_only():
+    with pytest.raises(ValueError):
+        paper.newcommand("Kv2Max", "1")
+    with pytest.raises(ValueError):
+        paper.newif("Spec_Ready", False)
+
+
+def test_write_generated_all_files(stats, tmp_path):
+    written = paper.write_generated(stats, settings_dict(), tmp_path / "gen")
+    names = {p.name for p in written}
+    assert names == {"macros.tex", "tab_environment.tex", "tab_kv.tex", "tab_regimes.tex",
+                     "tab_skipped.tex", "tab_settings.tex"}
+    for p in written:
+        text = p.read_text()
+        assert "nan" not in text.lower().replace("nonstopmode", ""), p.name
+        if p.name.startswith("tab_"):
+            assert r"\toprule" in text and r"\bottomrule" in text
+
+
+def test_macros_with_spikes(stats, tmp_path):
+    m = generate(stats, tmp_path / "gen")
+    assert m["MaxSpikeRatio"] == "5.85" and m["MaxSpikeBudget"] == "96"
+    assert m["MaxSpikeBackend"] == "MPS" and m["MaxSpikeModel"] == r"\texttt{gpt2-tiny}"
+    assert m["MaxSpikeDecodeRatio"] == "6.00" and m["MaxSpikePrefillRatio"] == "1.00"
+    assert m["NumSpikes"] == "1" and m["NumSpikesMps"] == "1" and m["NumSpikesCpu"] == "0"
+    assert m["ifAnySpikes"] == "true" and m["ifMpsRan"] == "true"
+    assert m["ifCudaRan"] == "false" and "no\\_gpu \\& 100\\% CPU" in m["CudaSkipReason"]
+    assert m["HostName"] == r"ci\_runner-01"
+    assert m["BackendsRun"] == "CPU and MPS" and m["NumBackendsRun"] == "2"
+    assert m["SpeculativeReady"] == "false" and m["ifSpeculativeReady"] == "false"
+    assert float(m["KvSpeedupMin"]) < 1 < float(m["KvSpeedupMax"])
+    assert m["KvMinBudget"] == "96" and m["KvSpeedupAtMaxSpike"] == m["KvSpeedupMin"]
+    assert m["Confidence"] == r"95\%" and m["RegimeThreshold"] == "1.5"
+    assert m["GitCommit"] == r"\texttt{0123456789ab-dirty}"
+
+
+def test_macros_one_backend_no_spikes(cpu_only, tmp_path):
+    m = generate(cpu_only, tmp_path / "gen")
+    assert m["MaxSpikeRatio"] == "--" and m["ifAnySpikes"] == "false"
+    assert m["NumSpikes"] == "0" and m["NumSpikesMps"] == "--"
+    assert m["ifMpsRan"] == "false" and m["ifCudaRan"] == "false" and m["ifCpuRan"] == "true"
+    assert m["BackendsRun"] == "CPU" and m["BackendsSkipped"] == "CUDA and MPS"
+    skipped = (tmp_path / "gen" / "tab_skipped.tex").read_text()
+    assert skipped.count("skipped") == 2 and "CPU & yes & ran" in skipped
+
+
+def test_regimes_table_phase_attribution(stats, tmp_path):
+    paper.write_generated(stats, settings_dict(), tmp_path / "gen")
+    rows = (tmp_path / "gen" / "tab_regimes.tex").read_text().splitlines()
+    mps_gpt2 = next(r for r in rows if r.startswith(r"MPS & \texttt{gpt2-tiny}"))
+    assert mps_gpt2.split(" & ")[-2:] == ["1.00", r"6.00 \\"]
+
+
+# -----------------------------------------------------------------------------
+# the paper sources: macros defined, inputs produced, no hand-typed numbers
+
+LATEX_UPPERCASE = {"TeX", "LaTeX", "S", "P", "AA", "O", "L", "Huge", "LARGE", "Large"}
+LENGTH = r"[-+]?\d*\.?\d+\s*(?:pt|em|ex|in|cm|mm|bp|sp|pc)\b"
+REL_LENGTH = r"\d*\.?\d+\s*\\(?:linewidth|textwidth|textheight|columnwidth|fboxsep|fboxrule)"
+STRUCTURAL = ("label", "ref", "eqref", "cite", "citep", "citet", "input", "include",
+              "includegraphics", "usepackage", "documentclass", "bibliography",
+              "bibliographystyle", "url", "href", "setlength", "vspace", "hspace", "multicolumn")
+ALLOWED_TOKENS = (r"GPT-2|\^\{?2\}?|b?float(?:16|32|64)|int[48]\b|chi2\\?_contingency"
+                  r"|\\(?:min|max)\\\{[01],")  # names, and min{1, p/q} / max{0, p-q}
+
+
+def tex_sources() -> list[Path]:
+    return sorted(PAPER.rglob("*.tex"))
+
+
+def strip_comments(text: str) -> str:
+    return re.sub(r"(?<!\\)%.*", "", text)
+
+
+def hand_typed_numbers(text: str) -> list[str]:
+    """Digits left in a TeX source once comments, lengths and structural arguments are gone.
+
+    In a paper whose results are all macros, a digit in prose is a typed number: `21x`, `3.5 ms`,
+    `95\\%`, `on 3 models`, `[0.51, 0.63]` all count. Not counted: comments; lengths (`4pt`,
+    `0.8\\textheight`); optional arguments right after a command (`[width=...]`, `[1]`);
+    the arguments of \\label, \\ref, \\cite..., \\input, \\includegraphics and friends;
+    `\\cmidrule(lr){3-5}`; macro parameters (`#1`); and a few names (GPT-2, x^2, float32).
+    """
+    text = strip_comments(text)
+    text = re.sub(r"(\\[A-Za-z]+\*?|\\\\)\s*\[[^\]]*\]", r"\1", text)
+    text = re.sub(r"(newcommand\*?\s*\{?\\[A-Za-z]+\}?)\s*\[\d\]", r"\1", text)
+    names = "|".join(STRUCTURAL)
+    text = re.sub(rf"\\(?:{names})\*?\s*\{{(?:[^{{}}]|\{{[^{{}}]*\}})*\}}", " ", text)
+    text = re.sub(r"\\cmidrule(?:\([a-z]*\))?\{[^}]*\}", " ", text)
+    for pattern in (REL_LENGTH, LENGTH, r"#\d", ALLOWED_TOKENS):
+        text = re.sub(pattern, " ", text)
+    return [m.group(0) for m in re.finditer(r"\S*\d\S*", text)]
+
+
+@pytest.mark.parametrize("snippet", [
+    r"latency spikes of up to 21x at nearby budgets", r"a 1.61$\times$ speedup",
+    r"acceptance 69.7\% at $K=1$", r"each step takes 3.2~ms", r"on 3 models",
+    r"from \KvSpeedupMin{} [0.512, 0.626]", r"\section{Results for 2026}",
+    r"chi2 = 162.5, dof = 200", r"\caption{Speedup of 4$\times$ at budget 96.}",
+    r"$\min\{2, x\}$", r"$\max\{0.5, x\}$",
+])
+def test_number_rule_flags_typed_results(snippet):
+    assert hand_typed_numbers(snippet), snippet
+
+
+@pytest.mark.parametrize("snippet", [
+    r"\includegraphics[width=0.9\linewidth,height=0.78\textheight]{figures/latency.pdf}",
+    r"% up to 21x in a comment", r"GPT-2, OPT and BLOOM", r"\vspace{2pt} \\[4pt]",
+    r"\label{sec:s3} \ref{tab:kv2} \citep{leviathan2023fast,chen2023accelerating}",
+    r"\setlength{\tabcolsep}{4pt}", r"\newcommand{\madeby}[1]{rule \cmd{#1}}",
+    r"$\chi^2$ and $x^{2}$", r"\cmidrule(lr){3-5}", r"\documentclass[10pt,letterpaper]{article}",
+    r"\parbox{\dimexpr\linewidth-2\fboxsep-2\fboxrule\relax}{x}", r"\KvSpeedupMax\x{} in \Dtype",
+    r"\input{generated/tab_kv.tex}", r"\usepackage[margin=1in]{geometry}",
+    r"$\min\{1, p(t)/q(t)\}$ and $\max\{0, p - q\}$", r"\cmd{scipy.stats.chi2\_contingency}",
+])
+def test_number_rule_ignores_structure(snippet):
+    assert not hand_typed_numbers(snippet), snippet
+
+
+def test_paper_sources_have_no_hand_typed_numbers():
+    assert tex_sources(), "no paper/*.tex sources"
+    found = {p.relative_to(ROOT).as_posix(): hand_typed_numbers(p.read_text())
+             for p in tex_sources()}
+    assert not {k: v for k, v in found.items() if v}, found
+
+
+def test_every_macro_used_in_paper_is_defined(stats, tmp_path):
+    m = generate(stats, tmp_path / "gen")
+    text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
+    local = set(re.findall(r"\\(?:re)?newcommand\*?\{?\\([A-Za-z]+)", text))
+    used = set(re.findall(r"\\([A-Z][A-Za-z]*)", text)) - LATEX_UPPERCASE - local
+    assert not used - set(m), f"used in paper/ but not generated: {sorted(used - set(m))}"
+    flags = {"if" + f for f in re.findall(r"\\if([A-Z][A-Za-z]*)", text)}
+    assert not flags - set(m), f"\\if flags not generated: {sorted(flags - set(m))}"
+
+
+def test_every_generated_input_is_produced(stats, tmp_path):
+    produced = {p.name for p in paper.write_generated(stats, settings_dict(), tmp_path / "gen")}
+    text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
+    wanted = set(re.findall(r"\\input\{generated/([^}]+)\}", text))
+    assert wanted, "paper/ inputs nothing from generated/"
+    assert wanted <= produced, sorted(wanted - produced)
+    assert {n for n in produced if n.startswith("tab_")} <= wanted, "a table is never shown"
+
+
+def test_paper_includes_both_figures_with_provenance():
+    text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
+    for fig in ("figures/latency.pdf", "figures/kv_speedup.pdf"):
+        assert fig in text
+    captions = re.findall(r"\\caption\{(.*?)\\label\{fig:", text, flags=re.S)
+    assert len(captions) == 2 and all(r"\madeby{figures}" in c for c in captions)
+    assert "snakemake -{}-forcerun #1" in text
+
+
+# -----------------------------------------------------------------------------
+# the real thing: compile the paper
+
+def build_paper(stats_dir: Path, tmp_path: Path) -> tuple[Path, str]:
+    fig_dir = tmp_path / "figures_out"
+    figures.draw_all(stats_dir, fig_dir)
+    pdf = paper.build(PAPER, stats_dir, fig_dir, settings_dict(), tmp_path / "build",
+                      tmp_path / "paper.pdf")
+    return pdf, (tmp_path / "build" / "paper.log").read_text(errors="replace")
+
+
+def overfull(log: str, tolerance_pt: float = 3.0) -> list[str]:
+    boxes = re.findall(r"Overfull \\hbox \((\d+\.?\d*)pt too wide\)", log)
+    return [b for b in boxes if float(b) > tolerance_pt]
+
+
+@pytest.mark.skipif(shutil.which("latexmk") is None,
+                    reason="latexmk not on PATH: install TeX Live (latexmk, pdflatex, bibtex)")
+@pytest.mark.parametrize("scenario", ["two_backends_spikes", "cpu_only_no_spikes", "nothing_ran"])
+def test_paper_compiles(scenario, tmp_path):
+    backends, spikes = (("cpu", "mps"), True) if scenario.startswith("two") else (("cpu",), False)
+    stats_dir = write_stats(tmp_path / "stats", backends=backends, spikes=spikes)
+    if scenario == "nothing_ran":
+        empty_tables(stats_dir)
+    pdf, log = build_paper(stats_dir, tmp_path)
+    assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 50_000
+    assert not overfull(log), f"overfull boxes (pt): {overfull(log)}"
+    assert not re.search(r"LaTeX Warning: (Reference|Citation) .* undefined", log)
+
+
+def test_write_generated_survives_empty_tables(stats, tmp_path):
+    """A host where nothing ran still gets a paper that says so, not a traceback."""
+    empty_tables(stats)
+    m = generate(stats, tmp_path / "gen")
+    assert m["NumBackendsRun"] == "0" and m["BackendsRun"] == "none"
+    assert m["KvSpeedupMin"] == "--" and m["MaxTrendRatio"] == "--" and m["NumSpikes"] == "0"
+    assert "no KV-cache ablation" in (tmp_path / "gen" / "tab_kv.tex").read_text()

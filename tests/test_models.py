@@ -1,0 +1,334 @@
+"""Model sources (init, local, hf), presets and loading.
+
+The `hf` tests go through the real `huggingface_hub.snapshot_download`, offline, against a hub
+cache built in a temporary directory in the layout huggingface_hub writes. They run in a
+subprocess so that `HF_HUB_OFFLINE`/`HF_HUB_CACHE`, which huggingface_hub reads at import time,
+are set exactly as a user would set them.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+import decodelab
+from decodelab import models
+from decodelab.errors import DecodelabError
+
+TINY = {"gpt2-tiny": "gpt2", "opt-tiny": "opt", "bloom-tiny": "bloom"}
+
+# Published parameter counts (tied input/output embeddings counted once).
+PUBLISHED = {
+    "gpt2": 124e6,
+    "gpt2-medium": 355e6,
+    "gpt2-large": 774e6,
+    "gpt2-xl": 1.56e9,
+    "opt-125m": 125e6,
+    "opt-350m": 331e6,
+    "opt-1.3b": 1.3e9,
+    "bloom-560m": 559e6,
+    "bloom-1b1": 1.07e9,
+    "bloom-1b7": 1.72e9,
+}
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def init_spec(preset="gpt2-tiny", seed=1):
+    return {"source": "init", "preset": preset, "seed": seed}
+
+
+def weights(model_dir):
+    return load_file(Path(model_dir) / "model.safetensors")
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A gpt2-tiny model made by the init source, shared read-only by the module."""
+    out = tmp_path_factory.mktemp("tiny") / "gpt2-tiny"
+    models.prepare(init_spec(), out)
+    return out
+
+
+# init source
+
+
+@pytest.mark.parametrize("preset", list(TINY))
+def test_init_writes_a_loadable_hf_dir(tmp_path, preset):
+    out = tmp_path / "m"
+    models.prepare(init_spec(preset), out)
+    assert (out / "config.json").is_file()
+    assert (out / "model.safetensors").is_file()
+    assert not (tmp_path / "m.partial").exists()
+    model = models.load(out, "cpu")
+    assert model.config.model_type == TINY[preset]
+    assert not model.training
+    assert models.count_parameters(model) == models.read_manifest(out)["parameters"]
+
+
+@pytest.mark.parametrize("preset", list(TINY))
+def test_init_is_deterministic_per_seed(tmp_path, preset):
+    models.prepare(init_spec(preset, seed=1), tmp_path / "a")
+    models.prepare(init_spec(preset, seed=1), tmp_path / "b")
+    models.prepare(init_spec(preset, seed=2), tmp_path / "c")
+    assert same_weights(weights(tmp_path / "a"), weights(tmp_path / "b"))
+    assert not same_weights(weights(tmp_path / "a"), weights(tmp_path / "c"))
+
+
+def test_init_manifest(tiny_dir):
+    manifest = models.read_manifest(tiny_dir)
+    assert manifest["source"] == "init"
+    assert manifest["preset"] == "gpt2-tiny"
+    assert manifest["seed"] == 1
+    assert manifest["family"] == "gpt2"
+    assert manifest["parameters"] == 5_518_848
+
+
+def test_prepare_replaces_an_existing_dir(tmp_path):
+    out = tmp_path / "m"
+    models.prepare(init_spec(seed=1), out)
+    (out / "stale.txt").write_text("left over")
+    models.prepare(init_spec(seed=2), out)
+    assert not (out / "stale.txt").exists()
+    assert models.read_manifest(out)["seed"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_read_manifest_of_a_dir_without_one_is_empty(tmp_path):
+    assert models.read_manifest(tmp_path) == {}
+
+
+def test_load_rejects_unknown_dtype(tiny_dir):
+    with pytest.raises(DecodelabError, match="float64"):
+        models.load(tiny_dir, "cpu", dtype="float64")
+
+
+def test_load_honours_dtype(tiny_dir):
+    model = models.load(tiny_dir, "cpu", dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+# presets
+
+
+@pytest.mark.parametrize("preset", list(PUBLISHED))
+def test_real_size_presets_have_published_parameter_counts(preset):
+    config = models.preset_config(preset)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert next(model.parameters()).is_meta
+    assert models.count_parameters(model) == pytest.approx(PUBLISHED[preset], rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [
+        ("gpt2", 1024), ("gpt2-xl", 1024), ("gpt2-tiny", 1024),
+        ("opt-125m", 2048), ("opt-1.3b", 2048), ("opt-tiny", 2048),
+        ("bloom-560m", None), ("bloom-1b7", None), ("bloom-tiny", None),
+    ],
+)
+def test_max_positions(preset, expected):
+    assert models.max_positions(models.preset_config(preset)) == expected
+
+
+def test_tiny_gpt2_keeps_special_ids_inside_the_vocabulary():
+    config = models.preset_config("gpt2-tiny")
+    assert config.eos_token_id < config.vocab_size
+    assert config.bos_token_id < config.vocab_size
+
+
+def test_unknown_preset_names_it(tmp_path):
+    with pytest.raises(DecodelabError, match="gpt5-huge"):
+        models.preset_config("gpt5-huge")
+    with pytest.raises(DecodelabError, match="gpt5-huge"):
+        models.prepare(init_spec("gpt5-huge"), tmp_path / "m")
+
+
+def test_failed_prepare_leaves_no_partial_dir(tmp_path):
+    with pytest.raises(DecodelabError):
+        models.prepare(init_spec("gpt5-huge"), tmp_path / "m")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_source_is_refused(tmp_path):
+    with pytest.raises(DecodelabError, match="train"):
+        models.prepare({"source": "train"}, tmp_path / "m")
+
+
+# local source
+
+
+def test_local_without_config_names_the_path(tmp_path):
+    src = tmp_path / "not-a-model"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes(b"")
+    with pytest.raises(DecodelabError, match="not-a-model") as err:
+        models.prepare({"source": "local", "path": str(src)}, tmp_path / "m")
+    assert "config.json" in str(err.value)
+    assert not (tmp_path / "m").exists()
+    assert not (tmp_path / "m.partial").exists()
+
+
+def test_local_materialises_a_loadable_copy(tmp_path, tiny_dir):
+    out = tmp_path / "m"
+    models.prepare({"source": "local", "path": str(tiny_dir)}, out)
+    assert same_weights(weights(out), weights(tiny_dir))
+    manifest = models.read_manifest(out)
+    assert manifest["source"] == "local"
+    assert manifest["path"] == str(tiny_dir.resolve())
+    assert manifest["family"] == "gpt2"
+    assert models.load(out, "cpu").config.model_type == "gpt2"
+    # the source dir keeps its own manifest
+    assert models.read_manifest(tiny_dir)["source"] == "init"
+
+
+# hf source, offline, through the real huggingface_hub
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def build_hub_cache(cache: Path, repo: str, commit: str, files: dict[str, Path]) -> Path:
+    """Lay `files` out as huggingface_hub does: content-addressed blobs, a snapshot of relative
+    symlinks per commit, and refs/main naming the commit. Returns the snapshot dir."""
+    org, name = repo.split("/")
+    root = cache / f"models--{org}--{name}"
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    (root / "refs").mkdir(exist_ok=True)
+    snapshot = root / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for filename, src in files.items():
+        data = src.read_bytes()
+        is_lfs = filename.endswith((".safetensors", ".bin"))
+        etag = hashlib.sha256(data).hexdigest() if is_lfs else git_blob_sha1(data)
+        (root / "blobs" / etag).write_bytes(data)
+        (snapshot / filename).symlink_to(Path("..", "..", "blobs", etag))
+    (root / "refs" / "main").write_text(commit)  # no trailing newline, as the hub writes it
+    return snapshot
+
+
+RUNNER = r"""
+import json, sys, traceback
+import huggingface_hub.constants as hc
+from decodelab import models
+from decodelab.errors import DecodelabError
+
+cache, jobs = sys.argv[1], json.loads(sys.argv[2])
+assert hc.HF_HUB_OFFLINE is True, "HF_HUB_OFFLINE not picked up"
+assert hc.HF_HUB_CACHE == cache, (hc.HF_HUB_CACHE, cache)
+results = []
+for spec, out in jobs:
+    try:
+        models.prepare(spec, out)
+        results.append({"ok": True})
+    except DecodelabError as err:
+        results.append({
+            "ok": False,
+            "message": str(err),
+            "chained": err.__cause__ is not None or not err.__suppress_context__,
+            "traceback_lines": len(traceback.format_exception(err)),
+        })
+print(json.dumps(results))
+"""
+
+
+def prepare_hf_offline(tmp_path: Path, cache: Path, jobs: list[tuple[dict, Path]]) -> list[dict]:
+    """Run `models.prepare` for each (spec, out) in a fresh interpreter, offline, on `cache`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.pop("TRANSFORMERS_CACHE", None)
+    env |= {
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "HF_HUB_CACHE": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(decodelab.__file__).parents[1]), env.get("PYTHONPATH", "")]
+        ),
+    }
+    payload = json.dumps([[spec, str(out)] for spec, out in jobs])
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(cache), payload],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def hub_cache(tmp_path, tiny_dir):
+    """A hub cache holding `org/tiny-gpt2` at COMMIT, made from the init-source model."""
+    cache = tmp_path / "hub"
+    files = {
+        p.name: p for p in tiny_dir.iterdir() if p.is_file() and p.name != models.MANIFEST
+    }
+    assert {"config.json", "model.safetensors"} <= set(files)
+    build_hub_cache(cache, "org/tiny-gpt2", COMMIT, files)
+    return cache.resolve()
+
+
+def test_hf_offline_from_cache_by_commit_and_by_branch(tmp_path, hub_cache, tiny_dir):
+    by_commit, by_branch = tmp_path / "by_commit", tmp_path / "by_branch"
+    results = prepare_hf_offline(tmp_path, hub_cache, [
+        ({"source": "hf", "repo": "org/tiny-gpt2", "revision": COMMIT}, by_commit),
+        ({"source": "hf", "repo": "org/tiny-gpt2", "revision": "main"}, by_branch),
+    ])
+    assert results == [{"ok": True}, {"ok": True}]
+    for out in (by_commit, by_branch):
+        assert not (out / "model.safetensors").is_symlink()
+        assert same_weights(weights(out), weights(tiny_dir))
+        manifest = models.read_manifest(out)
+        assert manifest["source"] == "hf"
+        assert manifest["repo"] == "org/tiny-gpt2"
+        assert manifest["family"] == "gpt2"
+    assert models.read_manifest(by_commit)["revision"] == COMMIT
+    loaded = models.load(by_commit, "cpu").state_dict()
+    original = models.load(tiny_dir, "cpu").state_dict()
+    assert same_weights(loaded, original)
+
+
+def test_hf_offline_missing_revision_or_repo_points_to_init_and_local(tmp_path, hub_cache):
+    results = prepare_hf_offline(tmp_path, hub_cache, [
+        ({"source": "hf", "repo": "org/tiny-gpt2", "revision": OTHER_COMMIT}, tmp_path / "a"),
+        ({"source": "hf", "repo": "org/absent", "revision": "main"}, tmp_path / "b"),
+    ])
+    for result, missing in zip(results, ["tiny-gpt2@" + OTHER_COMMIT, "absent@main"], strict=True):
+        assert result["ok"] is False
+        message = result["message"]
+        assert missing in message
+        assert "source: init" in message
+        assert "source: local" in message
+        assert not result["chained"], "the hub's exception should not be chained"
+        assert result["traceback_lines"] < 10
+    for name in ("a", "a.partial", "b", "b.partial"):
+        assert not (tmp_path / name).exists()
+
+
+def test_hf_snapshot_without_safetensors_is_refused(tmp_path, tiny_dir):
+    cache = tmp_path / "hub"
+    state = {k: v.clone() for k, v in weights(tiny_dir).items()}
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    build_hub_cache(cache, "org/pickled", COMMIT, {
+        "config.json": tiny_dir / "config.json",
+        "pytorch_model.bin": tmp_path / "pytorch_model.bin",
+    })
+    [result] = prepare_hf_offline(tmp_path, cache.resolve(), [
+        ({"source": "hf", "repo": "org/pickled", "revision": COMMIT}, tmp_path / "m"),
+    ])
+    assert result["ok"] is False
+    assert "safetensors" in result["message"]
+    assert not (tmp_path / "m").exists()
+    assert not (tmp_path / "m.partial").exists()

@@ -1,0 +1,52 @@
+import numpy as np
+import pandas as pd
+
+from decodelab import stats
+
+CI = (0.95, 1000, 0)
+
+
+def runs(off_scale: float, n_proc: int = 5, seed: int = 0) -> pd.DataFrame:
+    """Raw-run rows: cache-on latency ~10 ms, cache-off `off_scale` times that."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for repeat in range(n_proc):
+        for use_cache, scale in ((True, 1.0), (False, off_scale)):
+            for inner in range(2):
+                total = 0.010 * scale * rng.lognormal(0, 0.05)
+                rows.append({"experiment": "ablation", "backend": "cpu", "model": "m",
+                             "family": "gpt2", "dtype": "float32", "prompt_len": 8,
+                             "use_cache": use_cache, "budget": 16, "repeat": repeat,
+                             "inner": inner, "prefill_s": total / 4, "decode_s": 3 * total / 4,
+                             "total_s": total, "decode_per_token_s": 3 * total / 60})
+    return pd.DataFrame(rows)
+
+
+def test_per_process_reduces_inner_repeats_to_one_row():
+    assert len(stats.per_process(runs(2.0))) == 5 * 2
+
+
+def test_latency_ci_brackets_the_median():
+    table = stats.latency_table(runs(2.0), *CI)
+    assert set(table["metric"]) == set(stats.METRICS)
+    assert (table["ci_low"] <= table["median"]).all()
+    assert (table["median"] <= table["ci_high"]).all()
+    assert (table["n"] == 5).all()
+
+
+def test_kv_speedup_recovers_a_planted_ratio():
+    table = stats.kv_speedup_table(runs(3.0), *CI)
+    total = table[table["metric"] == "total_s"].iloc[0]
+    assert 2.7 < total["speedup"] < 3.3
+    assert total["ci_low"] <= total["speedup"] <= total["ci_high"]
+
+
+def test_kv_speedup_ci_covers_one_when_the_cache_does_nothing():
+    table = stats.kv_speedup_table(runs(1.0, n_proc=8), *CI)
+    total = table[table["metric"] == "total_s"].iloc[0]
+    assert total["ci_low"] <= 1.0 <= total["ci_high"]
+
+
+def test_a_single_process_gives_a_zero_width_interval():
+    table = stats.latency_table(runs(2.0, n_proc=1), *CI)
+    assert (table["ci_low"] == table["ci_high"]).all()

@@ -1,0 +1,64 @@
+import pytest
+from transformers import AutoConfig
+
+from decodelab import models, sweep
+from decodelab.errors import DecodelabError
+
+SPEC = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 2,
+        "warmup": 1, "seed": 11}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("m") / "gpt2-tiny"
+    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
+    return out
+
+
+def test_grid_covers_every_configuration_once_per_inner_repeat():
+    grid = sweep.make_grid([8, 16], [4, 32], [True, False], 3)
+    assert len(grid) == 2 * 2 * 2 * 3
+    assert len({tuple(sorted(c.items())) for c in grid}) == len(grid)
+
+
+def test_shuffle_is_seeded_and_a_permutation():
+    grid = sweep.make_grid(range(2, 40), [8], [True], 1)
+    assert sweep.shuffled(grid, 5) == sweep.shuffled(grid, 5)
+    assert sweep.shuffled(grid, 5) != sweep.shuffled(grid, 6)
+    assert sorted(sweep.shuffled(grid, 5), key=lambda c: c["budget"]) == grid
+
+
+def test_prompts_are_identical_across_calls_and_devices():
+    a = sweep.make_prompt(100, 16, seed=3, device="cpu")
+    assert a.equal(sweep.make_prompt(100, 16, seed=3, device="cpu"))
+    assert not a.equal(sweep.make_prompt(100, 16, seed=4, device="cpu"))
+
+
+def test_position_overrun_is_a_clear_error(model_dir):
+    config = AutoConfig.from_pretrained(model_dir)
+    with pytest.raises(DecodelabError, match="position table has 1024 rows"):
+        sweep.check_positions(config, [1000], [32], "gpt2-tiny")
+    sweep.check_positions(config, [992], [32], "gpt2-tiny")
+
+
+def test_ablation_rows_carry_timings_memory_and_provenance(model_dir):
+    df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", SPEC, repeat=1, experiment="ablation",
+                   progress=False)
+    assert len(df) == 2 * 2 * 2  # budgets x cache on/off x inner repeats
+    assert set(df["use_cache"]) == {True, False}
+    assert sorted(df["order"]) == list(range(len(df)))
+    assert (df["total_s"] > 0).all()
+    assert (df["total_s"] - df["prefill_s"] - df["decode_s"]).abs().max() < 1e-9
+    assert (df["tokens_generated"] == df["budget"]).all()
+    assert (df["step_s"].map(len) == df["budget"] - 1).all()
+    assert (df["rss_bytes"] > 0).all()
+    for col in ("hostname", "device_name", "torch", "transformers", "git_commit", "config_hash",
+                "timestamp", "seed", "shuffle_seed", "family", "parameters", "source"):
+        assert df[col].notna().all(), col
+    assert df["family"].iloc[0] == "gpt2" and df["source"].iloc[0] == "init"
+
+
+def test_sweep_measures_cache_on_only(model_dir):
+    df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", SPEC, repeat=0, experiment="sweep",
+                   progress=False)
+    assert df["use_cache"].all() and len(df) == 4

@@ -1,0 +1,58 @@
+rule collect:
+    input:
+        raw_runs,
+    output:
+        runs="results/{host}/runs.parquet",
+        environment="results/{host}/stats/environment.csv",
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/collect.log",
+    shell:
+        "decodelab collect --host {wildcards.host} --out {output.runs}"
+        " --environment {output.environment} {input} 2> {log}"
+
+
+rule skipped:
+    output:
+        "results/{host}/stats/skipped.csv",
+    params:
+        backends=" ".join(SKIPPED),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/skipped.log",
+    shell:
+        "decodelab skipped --host {wildcards.host} --out {output} {params.backends} 2> {log}"
+
+
+rule statistics:
+    input:
+        "results/{host}/runs.parquet",
+    output:
+        latency="results/{host}/stats/latency.csv",
+        kv="results/{host}/stats/kv_speedup.csv",
+    params:
+        spec=as_arg(config["stats"]),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/statistics.log",
+    shell:
+        "decodelab stats --runs {input} --spec {params.spec} --latency {output.latency}"
+        " --kv {output.kv} 2> {log}"
+
+
+rule regimes:
+    input:
+        "results/{host}/runs.parquet",
+    output:
+        "results/{host}/stats/regimes.csv",
+    params:
+        spec=as_arg(config["regimes"]),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/regimes.log",
+    shell:
+        "decodelab regimes --runs {input} --spec {params.spec} --out {output} 2> {log}"
