@@ -13,7 +13,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 PROFILES = [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]
-WORKFLOW_FILES = ["Snakefile", "config.yaml", "config", "workflow", "paper", "profiles"]
+WORKFLOW_FILES = ["Snakefile", "config.yaml", "config", "workflow", "paper", "profiles", "envs"]
 
 
 def copy_workflow(dest: Path) -> Path:
