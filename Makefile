@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEX_PACKAGES := latexmk texlive-latex-recommended texlive-fonts-recommended texlive-latex-extra poppler-utils
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup tex reproduce paper test lint clean
+.PHONY: setup tex reproduce paper test bench lint clean
 
 setup: $(STAMP) tex
 
@@ -39,6 +39,13 @@ paper: setup
 
 test: setup
 	$(BIN)/pytest
+
+# Our speculative decoding against HF assisted generation and plain decoding on the default pair,
+# measured side by side in one process; ratios printed and written to results/bench/.
+bench: setup
+	$(BIN)/snakemake results/models/target results/models/draft
+	$(BIN)/decodelab bench --target-dir results/models/target --draft-dir results/models/draft \
+		--out results/bench/speculative.csv
 
 lint: setup
 	$(BIN)/ruff check .

@@ -26,6 +26,13 @@ SPIKE = ("mps", "gpt2-tiny", 96, 6.0)  # backend, model, budget, factor on decod
 # -----------------------------------------------------------------------------
 # fixtures: small but realistic stats tables, the schema the stats rule writes
 
+SPEC_PAIRS = {  # name -> (draft device, target device); the paper profile's five
+    "mps-mps": ("mps", "mps"), "cpu-mps": ("cpu", "mps"), "cpu-cpu": ("cpu", "cpu"),
+    "cuda-cuda": ("cuda", "cuda"), "cpu-cuda": ("cpu", "cuda"),
+}
+SPEC_KS = [1, 2, 3, 4, 6, 8]
+
+
 def settings_dict(backends=("cpu", "cuda", "mps")) -> dict:
     return {
         "host": "ci_runner-01", "backends": list(backends), "budgets": BUDGETS,
@@ -34,6 +41,15 @@ def settings_dict(backends=("cpu", "cuda", "mps")) -> dict:
         "models": {m: {"source": "init", "preset": m, "seed": 1} for m in MODELS},
         "regimes": {"window": 2, "threshold": 1.5, "consistency": 1.0, "alpha": 0.05},
         "stats": {"confidence": 0.95, "bootstrap_resamples": 2000, "seed": 7},
+        "speculative": {
+            "pairs": {name: {"target": "target", "draft": "draft", "target_device": t,
+                             "draft_device": d, "dtype": "float32"}
+                      for name, (d, t) in SPEC_PAIRS.items()},
+            "ks": SPEC_KS, "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": None,
+            "top_p": None, "prompts": 4, "prompt_len": 32, "budget": 64, "repeats": 3,
+            "hf_assisted": True, "parallelism": {"ks": [1, 2, 4, 8, 16], "context": 128,
+                                                 "inner": 5},
+        },
     }
 
 
@@ -118,6 +134,86 @@ def write_stats(stats_dir: Path, backends=("cpu", "mps"), spikes: bool = True) -
     return stats_dir
 
 
+# speculative decoding: the tables of the speculative_stats and model_table rules
+
+SPEC_PEAK = {"cpu-mps": (1.45, 4), "cpu-cpu": (0.8, 1), "mps-mps": (0.9, 2)}  # speedup, at K
+PARALLEL_SLOPE = {"cpu": 0.08, "mps": 0.9, "cuda": 0.02}  # ratio = 1 + slope * K
+
+
+def leviathan(alpha: float, k: int, c: float) -> float:
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+
+
+def spec_rows(pairs) -> dict[str, list[dict]]:
+    rows = {name: [] for name in ("acceptance", "speedup", "theory", "hf")}
+    for pair in pairs:
+        peak, at = SPEC_PEAK[pair]
+        for mode, k in ((m, k) for m in ("greedy", "sampled") for k in SPEC_KS):
+            alpha = (0.82 if mode == "greedy" else 0.72) - 0.05 * (k - 1)
+            calls = (1 - alpha ** (k + 1)) / (1 - alpha)
+            speedup = peak * (1 - 0.04 * abs(k - at)) * (1.05 if mode == "greedy" else 1)
+            rows["acceptance"].append({"pair": pair, "mode": mode, "k": k, "acceptance": alpha,
+                                       "ci_low": alpha - 0.03, "ci_high": alpha + 0.02,
+                                       "tokens_per_call": calls, "n": 3})
+            rows["speedup"].append({"pair": pair, "mode": mode, "k": k, "speedup": speedup,
+                                    "ci_low": 0.93 * speedup, "ci_high": 1.06 * speedup,
+                                    "spec_s": 1.0 / speedup, "autoregressive_s": 1.0, "n": 3})
+            rows["theory"].append({"pair": pair, "mode": mode, "k": k, "alpha": alpha,
+                                   "cost_ratio": 0.2, "predicted": leviathan(alpha, k, 0.2),
+                                   "measured": speedup})
+        draft, target = SPEC_PAIRS[pair]
+        if draft == target:  # HF assisted generation runs only where both share a device
+            for k in SPEC_KS:
+                ours = 1.0 / (peak * (1 - 0.04 * abs(k - at)) * 1.05)
+                hf = ours * (1.3 + 0.05 * k)
+                rows["hf"].append({"pair": pair, "k": k, "ours_s": ours, "hf_s": hf,
+                                   "ours_over_hf": hf / ours, "ci_low": 0.95 * hf / ours,
+                                   "ci_high": 1.05 * hf / ours, "agree_speculative": 1.0,
+                                   "agree_hf_assisted": 1.0 if k < 8 else float("nan")})
+    return rows
+
+
+def parallelism_rows(backends) -> list[dict]:
+    return [{"backend": b, "model": "target", "context": 128, "k": k,
+             "ratio": 1 + PARALLEL_SLOPE[b] * k, "ci_low": 0.95 * (1 + PARALLEL_SLOPE[b] * k),
+             "ci_high": 1.05 * (1 + PARALLEL_SLOPE[b] * k), "n": 3} for b in backends
+            for k in (1, 2, 4, 8, 16)]
+
+
+def models_rows() -> list[dict]:
+    """Rows as `decodelab model-table` writes them: manifest dicts become text in the CSV."""
+    corpus = {"root": "/usr/lib/python3.11", "sha256": "9f2c4e1ab37d" + "0" * 52, "files": 412,
+              "bytes": 8 * 2**20, "train_files": 371, "heldout_files": 41}
+    target = {"source": "train", "family": "gpt2", "parameters": 4_330_240, "python": "3.11.2",
+              "spec": {"n_layer": 4, "n_embd": 256, "seed": 1}, "corpus": corpus,
+              "initial_train_loss": 8.3, "final_train_loss": 2.41, "heldout_loss": 2.87,
+              "train_seconds": 101.5, "wall_seconds": 110.2}
+    draft = {**target, "parameters": 1_260_416, "spec": {"n_layer": 1, "n_embd": 128, "seed": 2},
+             "final_train_loss": 3.02, "heldout_loss": 3.24, "teacher": "target",
+             "teacher_heldout_loss": 2.87, "beta": 0.71, "greedy_agreement": 0.62,
+             "wall_seconds": 64.0}
+    init = {"source": "init", "preset": "gpt2-tiny", "seed": 1, "family": "gpt2",
+            "parameters": 120_000}
+    return [{"model": "target", **target}, {"model": "draft", **draft},
+            {"model": "gpt2-tiny", **init}]
+
+
+def write_spec_stats(stats_dir: Path, pairs=("cpu-mps", "cpu-cpu", "mps-mps"),
+                     backends=("cpu", "mps"), hf: bool = True) -> Path:
+    """The speculative tables next to the sweep's; `hf=False` leaves speculative_hf header-only."""
+    rows = spec_rows(pairs)
+    hf_columns = ["pair", "k", "ours_s", "hf_s", "ours_over_hf", "ci_low", "ci_high",
+                  "agree_speculative", "agree_hf_assisted"]
+    for name, data in rows.items():
+        df = pd.DataFrame(data if hf or name != "hf" else [],
+                          columns=hf_columns if name == "hf" else None)
+        df.to_csv(stats_dir / f"speculative_{name}.csv", index=False)
+    pd.DataFrame(parallelism_rows(backends)).to_csv(stats_dir / "speculative_parallelism.csv",
+                                                    index=False)
+    pd.DataFrame(models_rows()).to_csv(stats_dir / "models.csv", index=False)
+    return stats_dir
+
+
 @pytest.fixture
 def stats(tmp_path) -> Path:
     return write_stats(tmp_path / "stats")
@@ -127,6 +223,19 @@ def stats(tmp_path) -> Path:
 def cpu_only(tmp_path) -> Path:
     """One backend, nothing flagged: the shape of a CPU-only CI host."""
     return write_stats(tmp_path / "stats_cpu", backends=("cpu",), spikes=False)
+
+
+@pytest.fixture
+def spec_stats(tmp_path) -> Path:
+    """CPU and MPS with the speculative stage: three pairs ran, the two CUDA pairs skipped."""
+    return write_spec_stats(write_stats(tmp_path / "stats_spec"))
+
+
+@pytest.fixture
+def spec_one_pair(tmp_path) -> Path:
+    """A CPU-only host: only the CPU/CPU pair ran, and the HF table is header-only."""
+    stats_dir = write_stats(tmp_path / "stats_spec_cpu", backends=("cpu",), spikes=False)
+    return write_spec_stats(stats_dir, pairs=("cpu-cpu",), backends=("cpu",), hf=False)
 
 
 def generate(stats_dir: Path, out: Path) -> dict[str, str]:
@@ -184,6 +293,38 @@ def test_figures_survive_empty_tables(stats, tmp_path):
     assert_written(figures.kv_figure(empty["kv_speedup"], tmp_path / "k"))
 
 
+SPEC_FIGURES = ["acceptance", "speedup", "parallelism", "theory"]
+
+
+def assert_spec_figures(paths: list[Path]) -> None:
+    assert [p.stem for p in paths[::2]] == SPEC_FIGURES
+    for i in range(0, len(paths), 2):
+        assert_written(paths[i:i + 2])
+
+
+def test_speculative_figures(spec_stats, tmp_path):
+    assert_spec_figures(figures.speculative_figures(spec_stats, tmp_path / "fig"))
+
+
+def test_speculative_figures_one_pair_empty_hf(spec_one_pair, tmp_path):
+    assert figures.read_spec_table(spec_one_pair, "hf").empty
+    assert_spec_figures(figures.speculative_figures(spec_one_pair, tmp_path / "fig"))
+
+
+def test_speculative_figures_without_tables(stats, tmp_path):
+    """No speculative table at all (or empty files): empty panels, not a traceback."""
+    (stats / "speculative_hf.csv").write_text("")
+    assert_spec_figures(figures.speculative_figures(stats, tmp_path / "fig"))
+
+
+def test_hf_speedup_uses_the_greedy_baseline(spec_stats):
+    t = figures.read_spec_tables(spec_stats)
+    hf = figures.hf_speedup(t["speedup"], t["hf"])
+    assert set(hf["pair"]) == {"cpu-cpu", "mps-mps"}  # same-device pairs only
+    row = hf[(hf["pair"] == "cpu-cpu") & (hf["k"] == 1)].iloc[0]
+    assert row["speedup"] == pytest.approx(1.0 / row["hf_s"])
+
+
 def test_backend_colors_are_stable():
     assert figures.backend_color("mps") == figures.BACKEND_COLORS["mps"]
     assert len(set(figures.BACKEND_COLORS.values())) == len(figures.BACKEND_COLORS)
@@ -218,7 +359,8 @@ def test_write_generated_all_files(stats, tmp_path):
     written = paper.write_generated(stats, settings_dict(), tmp_path / "gen")
     names = {p.name for p in written}
     assert names == {"macros.tex", "tab_environment.tex", "tab_kv.tex", "tab_regimes.tex",
-                     "tab_skipped.tex", "tab_settings.tex"}
+                     "tab_skipped.tex", "tab_settings.tex", "tab_spec_pairs.tex",
+                     "tab_spec_hf.tex", "tab_models.tex"}
     for p in written:
         text = p.read_text()
         assert "nan" not in text.lower().replace("nonstopmode", ""), p.name
@@ -253,6 +395,115 @@ def test_macros_one_backend_no_spikes(cpu_only, tmp_path):
     assert skipped.count("skipped") == 2 and "CPU & yes & ran" in skipped
 
 
+def test_speculative_flag_false_without_tables(stats, tmp_path):
+    m = generate(stats, tmp_path / "gen")
+    assert m["ifSpeculativeReady"] == "false" and m["SpecBestSpeedupSampled"] == "--"
+    assert m["SeedSpeedup"] == "1.61"  # the seed's claim is defined either way
+    for name in ("tab_spec_pairs.tex", "tab_spec_hf.tex", "tab_models.tex"):
+        assert r"\emph{" in (tmp_path / "gen" / name).read_text(), name
+
+
+def test_speculative_macros(spec_stats, tmp_path):
+    m = generate(spec_stats, tmp_path / "gen")
+    assert m["ifSpeculativeReady"] == "true" and m["SpeculativeReady"] == "true"
+    assert m["ifVerificationReady"] == "false"
+    assert m["SpecNumPairsRequested"] == "5" and m["SpecNumPairsRun"] == "3"
+    assert m["SpecNumPairsSkipped"] == "2" and m["ifSpecAnySkipped"] == "true"
+    assert m["SpecPairsSkipped"] == (r"\texttt{cuda-cuda} (needs CUDA) and "
+                                     r"\texttt{cpu-cuda} (needs CUDA)")
+    assert m["SpecBestPair"] == r"\texttt{cpu-mps}"
+    assert (m["SpecBestDraftDevice"], m["SpecBestTargetDevice"]) == ("CPU", "MPS")
+    assert m["SpecBestKSampled"] == "4" and m["SpecBestSpeedupSampled"] == "1.45"
+    assert m["SpecBestCISampled"] == "[1.35, 1.54]"
+    assert m["SpecBestSpeedupGreedy"] == "1.52" and m["SpecBestKGreedy"] == "4"
+    assert m["SpecFirstKSampled"] == "1" and m["SpecAccFirstKSampled"] == r"72.0\%"
+    assert m["SpecAccBestKSampled"] == r"57.0\%" and m["SpecAccBestKGreedy"] == r"67.0\%"
+    assert m["SpecNumSlowerSampled"] == "2"
+    assert m["SpecSlowerPairsSampled"] == r"\texttt{cpu-cpu} and \texttt{mps-mps}"
+    assert m["SpecParallelRatioMps"] == "8.20" and m["SpecParallelKMps"] == "8"
+    assert m["SpecParallelSerialMps"] == "9" and m["SpecParallelRatioCuda"] == "--"
+    assert m["SpecParallelSummary"].startswith(r"CPU 1.64\x{} [1.56, 1.72] at $K=8$")
+    assert m["SpecHfNumPairs"] == "2" and m["ifSpecHfRan"] == "true"
+    assert m["SpecHfOverMin"] == "1.35" and m["SpecHfMinK"] == "1"
+    assert m["SpecHfOverMax"] == "1.70" and m["SpecHfMaxK"] == "8"
+    assert m["SpecAgreeOurs"] == r"100\%" and m["SpecAgreeHf"] == r"100\%"
+    assert m["SpecBestAlpha"] == "0.570" and m["SpecBestPredicted"] == "1.21"
+    assert m["SpecTheoryPoints"] == "36"
+    assert m["SpecTargetTrainLoss"] == "2.41" and m["SpecDraftHeldoutLoss"] == "3.24"
+    assert m["SpecBeta"] == "0.710" and m["SpecDraftGreedyAgreement"] == r"62.0\%"
+    assert m["SpecCorpusHash"] == r"\texttt{9f2c4e1ab37d}"
+    assert m["ifSpecTrainedPair"] == "true" and m["ifSpecDraftDistilled"] == "true"
+    assert m["SpecKs"] == "1, 2, 3, 4, 6, 8" and m["SpecTopK"] == "off"
+
+
+def test_speculative_tables(spec_stats, tmp_path):
+    paper.write_generated(spec_stats, settings_dict(), tmp_path / "gen")
+    pairs = (tmp_path / "gen" / "tab_spec_pairs.tex").read_text()
+    assert r"\texttt{cpu-mps} & CPU & MPS & sampled & 4 & 1.45 & [1.35, 1.54]" in pairs
+    assert pairs.count("skipped") == 2 and pairs.count("& ran") == 3
+    hf = (tmp_path / "gen" / "tab_spec_hf.tex").read_text()
+    assert hf.count(r"\texttt{") == 2 and "cpu-mps" not in hf
+    models = (tmp_path / "gen" / "tab_models.tex").read_text()
+    assert r"\texttt{draft} & \texttt{target} & 1 $\times$ 128 & 1.26M & 3.02 & 3.24" in models
+    assert "gpt2-tiny" not in models  # init models are not trained here
+    settings = (tmp_path / "gen" / "tab_settings.tex").read_text()
+    assert (r"Speculative pair \texttt{cpu-mps} & draft \texttt{draft} on CPU, target "
+            r"\texttt{target} on MPS, \texttt{float32}") in settings
+
+
+def test_speculative_one_pair_without_hf(spec_one_pair, tmp_path):
+    m = generate(spec_one_pair, tmp_path / "gen")
+    assert m["SpecNumPairsRun"] == "1" and m["SpecBestPair"] == r"\texttt{cpu-cpu}"
+    assert m["SpecNumSlowerSampled"] == "1" and m["SpecNumPairsSkipped"] == "4"
+    assert "needs MPS" in m["SpecPairsSkipped"] and "needs CUDA" in m["SpecPairsSkipped"]
+    assert m["ifSpecHfRan"] == "false" and m["SpecHfOverMin"] == "--"
+    assert m["SpecAgreeOurs"] == "--" and m["SpecParallelRatioMps"] == "--"
+    assert "no Hugging Face" in (tmp_path / "gen" / "tab_spec_hf.tex").read_text()
+
+
+def test_speculative_stage_ran_but_no_pair_could(spec_stats, tmp_path):
+    """Header-only speculative tables: the flag is true, every pair is skipped, nothing crashes."""
+    for name in figures.SPEC_TABLES:
+        path = spec_stats / f"speculative_{name}.csv"
+        pd.read_csv(path).iloc[0:0].to_csv(path, index=False)
+    m = generate(spec_stats, tmp_path / "gen")
+    assert m["ifSpeculativeReady"] == "true" and m["SpecNumPairsRun"] == "0"
+    assert m["SpecNumPairsSkipped"] == "5" and m["SpecBestPair"] == "--"
+    # CPU and MPS ran the sweep, so their pairs are missing, not skipped for want of a device
+    assert m["SpecPairsSkipped"].count("needs CUDA") == 2
+    assert m["SpecPairsSkipped"].count("no result reached the statistics") == 3
+    assert_spec_figures(figures.speculative_figures(spec_stats, tmp_path / "fig"))
+
+
+def test_models_csv_with_flat_columns(spec_stats, tmp_path):
+    """models.csv may already be flat (train_loss, corpus_sha256, wall_s); missing -> '--'."""
+    pd.DataFrame([
+        {"model": "target", "source": "train", "parameters": 4e6, "train_loss": 2.5,
+         "heldout_loss": 2.9, "corpus_sha256": "abcdef0123456789", "wall_s": 12.0},
+        {"model": "draft", "source": "train", "parameters": 1e6, "train_loss": 3.1,
+         "heldout_loss": 3.3, "teacher": "target", "corpus_sha256": "abcdef0123456789"},
+    ]).to_csv(spec_stats / "models.csv", index=False)
+    m = generate(spec_stats, tmp_path / "gen")
+    assert m["SpecTargetTrainLoss"] == "2.50" and m["SpecBeta"] == "--"
+    assert m["SpecCorpusHash"] == r"\texttt{abcdef012345}" and m["SpecCorpusMiB"] == "--"
+    models = (tmp_path / "gen" / "tab_models.tex").read_text()
+    assert r"\texttt{target} & -- & -- & 4.00M & 2.50 & 2.90 & -- & -- & 12.0" in models
+
+
+def test_seed_claims_are_labelled_in_the_text():
+    """The seed's numbers reach the paper only as Seed* macros, in a sentence naming the seed."""
+    text = strip_comments((PAPER / "sections" / "speculative.tex").read_text())
+    uses = [m.start() for m in re.finditer(r"\\Seed[A-Z]", text)]
+    assert uses, "the seed's claims are not quoted"
+    start = text.index(r"\paragraph{Against the seed.}")
+    end = text.index("\n\n", start)
+    assert all(start <= u < end for u in uses), "a Seed* macro outside the seed paragraph"
+    para = " ".join(text[start:end].split())
+    assert "seed study's own reported values" in para and "not measurements of this build" in para
+    assert set(paper.seed_macros()) == {f"Seed{n}" for n in (
+        "Speedup", "BestK", "FirstK", "AccFirstK", "AccBestK", "NumConfigs", "NumSlower")}
+
+
 def test_regimes_table_phase_attribution(stats, tmp_path):
     paper.write_generated(stats, settings_dict(), tmp_path / "gen")
     rows = (tmp_path / "gen" / "tab_regimes.tex").read_text().splitlines()
@@ -270,7 +521,8 @@ STRUCTURAL = ("label", "ref", "eqref", "cite", "citep", "citet", "input", "inclu
               "includegraphics", "usepackage", "documentclass", "bibliography",
               "bibliographystyle", "url", "href", "setlength", "vspace", "hspace", "multicolumn")
 ALLOWED_TOKENS = (r"GPT-2|\^\{?2\}?|b?float(?:16|32|64)|int[48]\b|chi2\\?_contingency"
-                  r"|\\(?:min|max)\\\{[01],")  # names, and min{1, p/q} / max{0, p-q}
+                  r"|\\(?:min|max)\\\{[01],"  # names, and min{1, p/q} / max{0, p-q}
+                  r"|\bK\s*c?\s*\+\s*1\b|\b1\s*-\s*\\alpha\b")  # K+1 positions, Kc+1, 1-alpha
 
 
 def tex_sources() -> list[Path]:
@@ -306,7 +558,8 @@ def hand_typed_numbers(text: str) -> list[str]:
     r"acceptance 69.7\% at $K=1$", r"each step takes 3.2~ms", r"on 3 models",
     r"from \KvSpeedupMin{} [0.512, 0.626]", r"\section{Results for 2026}",
     r"chi2 = 162.5, dof = 200", r"\caption{Speedup of 4$\times$ at budget 96.}",
-    r"$\min\{2, x\}$", r"$\max\{0.5, x\}$",
+    r"$\min\{2, x\}$", r"$\max\{0.5, x\}$", r"a speedup at $K=6$", r"$K+2$ tokens",
+    r"$1-\beta$", r"at $K=\SpecFirstK$ from 69.7\% at $K+1$",
 ])
 def test_number_rule_flags_typed_results(snippet):
     assert hand_typed_numbers(snippet), snippet
@@ -321,6 +574,8 @@ def test_number_rule_flags_typed_results(snippet):
     r"\parbox{\dimexpr\linewidth-2\fboxsep-2\fboxrule\relax}{x}", r"\KvSpeedupMax\x{} in \Dtype",
     r"\input{generated/tab_kv.tex}", r"\usepackage[margin=1in]{geometry}",
     r"$\min\{1, p(t)/q(t)\}$ and $\max\{0, p - q\}$", r"\cmd{scipy.stats.chi2\_contingency}",
+    r"\[ \frac{1-\alpha^{K+1}}{(1-\alpha)(Kc+1)} \]", r"scores $K+1$ tokens",
+    r"\madeby{speculative\_figures}",
 ])
 def test_number_rule_ignores_structure(snippet):
     assert not hand_typed_numbers(snippet), snippet
@@ -333,7 +588,11 @@ def test_paper_sources_have_no_hand_typed_numbers():
     assert not {k: v for k, v in found.items() if v}, found
 
 
-def test_every_macro_used_in_paper_is_defined(stats, tmp_path):
+@pytest.mark.parametrize("scenario", ["without_speculative", "with_speculative"])
+def test_every_macro_used_in_paper_is_defined(scenario, tmp_path):
+    stats = write_stats(tmp_path / "stats")
+    if scenario == "with_speculative":
+        write_spec_stats(stats)
     m = generate(stats, tmp_path / "gen")
     text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
     local = set(re.findall(r"\\(?:re)?newcommand\*?\{?\\([A-Za-z]+)", text))
@@ -352,12 +611,15 @@ def test_every_generated_input_is_produced(stats, tmp_path):
     assert {n for n in produced if n.startswith("tab_")} <= wanted, "a table is never shown"
 
 
-def test_paper_includes_both_figures_with_provenance():
+def test_paper_includes_all_figures_with_provenance():
     text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
-    for fig in ("figures/latency.pdf", "figures/kv_speedup.pdf"):
-        assert fig in text
-    captions = re.findall(r"\\caption\{(.*?)\\label\{fig:", text, flags=re.S)
-    assert len(captions) == 2 and all(r"\madeby{figures}" in c for c in captions)
+    made_by = {"latency": "figures", "kv_speedup": "figures",
+               **{f: r"speculative\_figures" for f in SPEC_FIGURES}}
+    captions = dict(re.findall(r"\\includegraphics(?:\[[^\]]*\])?\{figures/([a-z_]+)\.pdf\}"
+                               r".*?\\caption\{(.*?)\\label\{fig:", text, flags=re.S))
+    assert set(captions) == set(made_by)
+    for fig, rule in made_by.items():
+        assert rf"\madeby{{{rule}}}" in captions[fig], fig
     assert "snakemake -{}-forcerun #1" in text
 
 
@@ -367,6 +629,8 @@ def test_paper_includes_both_figures_with_provenance():
 def build_paper(stats_dir: Path, tmp_path: Path) -> tuple[Path, str]:
     fig_dir = tmp_path / "figures_out"
     figures.draw_all(stats_dir, fig_dir)
+    if (stats_dir / "speculative_speedup.csv").exists():
+        figures.speculative_figures(stats_dir, fig_dir)
     pdf = paper.build(PAPER, stats_dir, fig_dir, settings_dict(), tmp_path / "build",
                       tmp_path / "paper.pdf")
     return pdf, (tmp_path / "build" / "paper.log").read_text(errors="replace")
@@ -379,14 +643,23 @@ def overfull(log: str, tolerance_pt: float = 3.0) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("latexmk") is None,
                     reason="latexmk not on PATH: install TeX Live (latexmk, pdflatex, bibtex)")
-@pytest.mark.parametrize("scenario", ["two_backends_spikes", "cpu_only_no_spikes", "nothing_ran"])
+@pytest.mark.parametrize("scenario", ["two_backends_spikes", "two_backends_speculative",
+                                      "cpu_only_speculative_one_pair", "nothing_ran"])
 def test_paper_compiles(scenario, tmp_path):
     backends, spikes = (("cpu", "mps"), True) if scenario.startswith("two") else (("cpu",), False)
     stats_dir = write_stats(tmp_path / "stats", backends=backends, spikes=spikes)
     if scenario == "nothing_ran":
         empty_tables(stats_dir)
+    if scenario == "two_backends_speculative":
+        write_spec_stats(stats_dir)
+    if scenario == "cpu_only_speculative_one_pair":
+        write_spec_stats(stats_dir, pairs=("cpu-cpu",), backends=("cpu",), hf=False)
     pdf, log = build_paper(stats_dir, tmp_path)
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 50_000
+    built = (tmp_path / "build" / "generated" / "macros.tex").read_text()
+    ready = "speculative" in scenario
+    assert (r"\SpeculativeReadytrue" in built) == ready
+    assert ("figures/acceptance.pdf" in log) == ready  # the figure was actually included
     assert not overfull(log), f"overfull boxes (pt): {overfull(log)}"
     assert not re.search(r"LaTeX Warning: (Reference|Citation) .* undefined", log)
 

@@ -11,21 +11,31 @@ from .errors import DecodelabError
 
 
 def prepare_model(args):
+    import torch
+
     from . import models
 
-    models.prepare(json.loads(args.spec), args.out)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models.prepare(json.loads(args.spec), args.out, teacher_dir=args.teacher_dir)
+
+
+def require_backends(*backends: str) -> None:
+    from .devices import backend_available, why_unavailable
+
+    for backend in backends:
+        if not backend_available(backend):
+            raise DecodelabError(f"backend {backend!r} is not available on this host: "
+                                 f"{why_unavailable(backend)}")
 
 
 def sweep(args):
     import torch
 
     from . import sweep as sw
-    from .devices import backend_available, why_unavailable
     from .io import write_table
 
-    if not backend_available(args.backend):
-        raise DecodelabError(f"backend {args.backend!r} is not available on this host: "
-                             f"{why_unavailable(args.backend)}")
+    require_backends(args.backend)
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = json.loads(args.spec)
@@ -90,6 +100,102 @@ def figures(args):
     fg.kv_figure(read_table(stats_dir / "kv_speedup.csv"), out / "kv_speedup")
 
 
+def speculative(args):
+    import torch
+
+    from . import study
+    from .io import write_table
+
+    pair = json.loads(args.pair_spec)
+    require_backends(pair["target_device"], pair["draft_device"])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    df = study.run(args.target_dir, args.draft_dir, args.pair, pair, json.loads(args.spec),
+                   args.repeat)
+    write_table(df, args.out)
+
+
+def parallelism(args):
+    import torch
+
+    from . import models, study
+    from .devices import fingerprint
+    from .io import write_table
+
+    require_backends(args.backend)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = json.loads(args.spec)
+    model = models.load(args.model_dir, args.backend, spec["dtype"])
+    df = study.parallelism(model, spec["ks"], spec["context"], spec["inner"],
+                           spec["seed"] + args.repeat)
+    meta = {"backend": args.backend, "model": args.model, "repeat": args.repeat,
+            **fingerprint(args.backend, spec)}
+    write_table(df.assign(**meta), args.out)
+
+
+def speculative_stats(args):
+    import pandas as pd
+
+    from . import stats
+    from .io import read_table, write_table
+
+    spec = json.loads(args.spec)
+    ci = (spec["confidence"], spec["bootstrap_resamples"], spec["seed"])
+    runs = pd.concat([read_table(p) for p in args.runs], ignore_index=True)
+    proc = stats.spec_per_process(runs)
+    acceptance = stats.acceptance_table(proc, ci)
+    speedup = stats.speedup_table(proc, ci)
+    out = Path(args.out)
+    write_table(acceptance, out / "speculative_acceptance.csv")
+    write_table(speedup, out / "speculative_speedup.csv")
+    write_table(stats.theory_table(proc, speedup, acceptance), out / "speculative_theory.csv")
+    write_table(stats.hf_table(proc, runs, ci), out / "speculative_hf.csv")
+    par = pd.concat([read_table(p) for p in args.parallelism], ignore_index=True)
+    write_table(stats.parallelism_table(par, ci), out / "speculative_parallelism.csv")
+
+
+def bench(args):
+    """Ours against HF assisted generation and plain decoding, side by side in one process."""
+    import torch
+
+    from . import stats, study
+    from .io import write_table
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    spec = {"ks": args.ks, "modes": ["greedy"], "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+            "prompts": args.prompts, "prompt_len": 32, "budget": args.budget,
+            "hf_assisted": True, "seed": 0}
+    pair = {"target_device": args.device, "draft_device": args.device, "dtype": "float32"}
+    runs = study.run(args.target_dir, args.draft_dir, "bench", pair, spec, repeat=0)
+    proc = stats.spec_per_process(runs)
+    table = proc.pivot_table(index="k", columns="method", values="total_s")
+    base = table.loc[0, "autoregressive"]
+    table = table.drop(index=0)[["speculative", "hf_assisted"]].assign(
+        speedup_vs_plain=lambda t: base / t["speculative"],
+        hf_speedup_vs_plain=lambda t: base / t["hf_assisted"],
+        ours_over_hf=lambda t: t["hf_assisted"] / t["speculative"])
+    table.insert(0, "plain", base)
+    write_table(table.reset_index(), args.out)
+    print(table.round(3).to_string())
+
+
+def model_table(args):
+    import pandas as pd
+
+    from .io import write_table
+    from .models import read_manifest
+
+    rows = [{"model": Path(d).name, **read_manifest(d)} for d in args.model_dirs]
+    write_table(pd.DataFrame(rows), args.out)
+
+
+def spec_figures(args):
+    from . import figures as fg
+
+    fg.speculative_figures(Path(args.stats), Path(args.out))
+
+
 def settings(args):
     from .io import write_json
 
@@ -110,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("prepare-model", help="materialize a model (hf/local/init) as a HF dir")
     p.add_argument("--spec", required=True, help="the model's config entry, as JSON")
+    p.add_argument("--teacher-dir", help="the prepared teacher of a distilled draft")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=prepare_model)
 
@@ -154,6 +262,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=figures)
+
+    p = verbs.add_parser("speculative", help="one process of the speculative-decoding study")
+    p.add_argument("--target-dir", required=True)
+    p.add_argument("--draft-dir", required=True)
+    p.add_argument("--pair", required=True, help="the configuration's name")
+    p.add_argument("--pair-spec", required=True, help="devices and dtype, as JSON")
+    p.add_argument("--spec", required=True, help="the study settings, as JSON")
+    p.add_argument("--repeat", type=int, required=True)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=speculative)
+
+    p = verbs.add_parser("parallelism", help="time K+1-token against 1-token target passes")
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--backend", required=True, choices=["cpu", "cuda", "mps"])
+    p.add_argument("--spec", required=True)
+    p.add_argument("--repeat", type=int, required=True)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=parallelism)
+
+    p = verbs.add_parser("spec-stats", help="acceptance, speedup, theory, HF peer, parallelism")
+    p.add_argument("--spec", required=True)
+    p.add_argument("--out", required=True, help="the stats directory")
+    p.add_argument("--runs", nargs="+", required=True)
+    p.add_argument("--parallelism", nargs="+", required=True)
+    p.set_defaults(func=speculative_stats)
+
+    p = verbs.add_parser("bench", help="speculative vs HF assisted vs plain decoding, as ratios")
+    p.add_argument("--target-dir", required=True)
+    p.add_argument("--draft-dir", required=True)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 6, 8])
+    p.add_argument("--prompts", type=int, default=6)
+    p.add_argument("--budget", type=int, default=96)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=bench)
+
+    p = verbs.add_parser("model-table", help="one row per prepared model, from its manifest")
+    p.add_argument("--out", required=True)
+    p.add_argument("model_dirs", nargs="+")
+    p.set_defaults(func=model_table)
+
+    p = verbs.add_parser("spec-figures", help="draw the speculative-decoding figures")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=spec_figures)
 
     p = verbs.add_parser("settings", help="record the settings the paper states")
     p.add_argument("--spec", required=True)

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from .devices import now
+from .sampling import sample, warp
 
 
 @dataclass
@@ -41,28 +42,29 @@ def forward_logits(model, ids: torch.Tensor, cache: DynamicCache | None) -> torc
     return model(input_ids=ids, **kwargs).logits[:, -1, :]
 
 
-def next_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
+def next_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+               generator: torch.Generator | None) -> torch.Tensor:
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)
+    return sample(warp(logits, temperature, top_k, top_p), generator).reshape(-1, 1)
 
 
 @torch.inference_mode()
 def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
-           temperature: float = 0.0, generator: torch.Generator | None = None) -> Decoded:
+           temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+           generator: torch.Generator | None = None) -> Decoded:
     """Generate exactly `budget` tokens after `prompt` ([1, T] ids on the model's device)."""
     device = prompt.device
     cache = DynamicCache(config=model.config) if use_cache else None
     start = now(device)
-    token = next_token(forward_logits(model, prompt, cache), temperature, generator)
+    token = next_token(forward_logits(model, prompt, cache), temperature, top_k, top_p, generator)
     prefill_end = now(device)
     out = Decoded(tokens=[], prefill_s=prefill_end - start)
     generated = [token]
     last = prefill_end
     for _ in range(budget - 1):
         ids = token if use_cache else torch.cat([prompt, *generated], dim=1)
-        token = next_token(forward_logits(model, ids, cache), temperature, generator)
+        token = next_token(forward_logits(model, ids, cache), temperature, top_k, top_p, generator)
         generated.append(token)
         t = now(device)
         out.step_s.append(t - last)

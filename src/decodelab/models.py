@@ -1,5 +1,5 @@
-"""Model sources (hf, local, init; train comes with speculative decoding), each ending in a
-Hugging Face directory that later steps load with `from_pretrained`."""
+"""Model sources (hf, local, init, and train in `train.py`), each ending in a Hugging Face
+directory that later steps load with `from_pretrained`."""
 
 from __future__ import annotations
 
@@ -147,8 +147,9 @@ def link_tree(src: Path, out: Path, skip: set[str] = frozenset()) -> None:
             shutil.copy2(real, target)
 
 
-def prepare(spec: dict, out: str | Path) -> None:
-    """Materialize one model from its config entry into `out`, atomically."""
+def prepare(spec: dict, out: str | Path, teacher_dir: str | Path | None = None) -> None:
+    """Materialize one model from its config entry into `out`, atomically. `teacher_dir` is the
+    prepared directory of a `train` spec's teacher (a draft distilled from its target)."""
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -161,6 +162,10 @@ def prepare(spec: dict, out: str | Path) -> None:
             prepare_local(tmp, spec["path"])
         elif source == "hf":
             prepare_hf(tmp, spec["repo"], spec["revision"])
+        elif source == "train":
+            from .train import prepare_train
+
+            prepare_train(tmp, spec, Path(teacher_dir) if teacher_dir is not None else None)
         else:
             raise DecodelabError(f"model source {source!r} is not supported here")
     except BaseException:

@@ -8,12 +8,21 @@ The paper sources under `paper/` never contain a result; they `\\input` what thi
     generated/tab_regimes.tex     spikes flagged per backend x model, with phase attribution
     generated/tab_skipped.tex     what ran where: every backend, ran / skipped / not requested
     generated/tab_settings.tex    the protocol, from the settings the DAG ran with
+    generated/tab_spec_pairs.tex  speculative decoding per draft/target pair: best K, speedup,
+                                  acceptance, ran / skipped
+    generated/tab_spec_hf.tex     our speculative decoding over Hugging Face assisted generation
+    generated/tab_models.tex      models trained here: size, losses, acceptance vs the teacher
+
+The speculative stage is optional: without `speculative_speedup.csv` in the stats directory the
+flag \\SpeculativeReady is false and its macros read '--'.
 
 Tables are bare `tabular`s: captions, labels and floats belong to the paper.
 """
 
 from __future__ import annotations
 
+import ast
+import json
 import math
 import re
 import shutil
@@ -24,7 +33,15 @@ import numpy as np
 import pandas as pd
 
 from .errors import DecodelabError
-from .figures import BACKEND_LABELS, BACKEND_ORDER, as_bool
+from .figures import (
+    BACKEND_LABELS,
+    BACKEND_ORDER,
+    SPEC_TABLES,
+    as_bool,
+    read_spec_tables,
+    spec_modes,
+    spec_pairs,
+)
 from .io import atomic
 
 TABLES = ("latency", "kv_speedup", "regimes", "environment", "skipped")
@@ -399,9 +416,9 @@ def kv_macros(kv: pd.DataFrame) -> dict[str, str]:
     return macros
 
 
-def stage_flags() -> dict[str, bool]:
-    """Stages not built yet: the paper prints a placeholder for each flag that is false."""
-    return {"SpeculativeReady": False, "VerificationReady": False}
+def stage_flags(speculative: bool = False) -> dict[str, bool]:
+    """Stages built or not: the paper prints a placeholder for each flag that is false."""
+    return {"SpeculativeReady": speculative, "VerificationReady": False}
 
 
 # -----------------------------------------------------------------------------
@@ -529,7 +546,531 @@ def settings_table(settings: dict, macros: dict[str, str]) -> str:
         ("Bootstrap resamples", m["BootstrapResamples"]),
         ("Bootstrap seed", m["StatsSeed"]),
     ]
-    return keyvalue(rows)
+    return keyvalue(rows + spec_settings_rows(settings, m))
+
+
+# -----------------------------------------------------------------------------
+# speculative decoding
+
+# The seed study's OWN reported values, quoted in the text as the comparison point and never as
+# a result of this build. Source: the seed abstract (shared/seeds/, "Non-Monotonic Latency in
+# Apple MPS Decoding ..."): "a measured 1.61x wall-clock speedup at K=6, on an acceptance profile
+# declining from 69.7% at K=1 to 37.8% at the optimum, while three of five configurations
+# decelerate". This dict is the one place in the paper pipeline where a number is typed by hand.
+SEED_CLAIMS = {
+    "speedup": 1.61, "best_k": 6, "first_k": 1, "acceptance_first_k_percent": 69.7,
+    "acceptance_best_k_percent": 37.8, "configurations": 5, "decelerating": 3,
+}
+PARALLEL_K = 8            # the text quotes verification parallelism at this K (or the largest
+                          # K below it that was measured)
+MODEL_FIELDS = {          # models.csv column -> aliases (manifest keys, flattened or not)
+    "train_loss": ("train_loss", "final_train_loss"),
+    "heldout_loss": ("heldout_loss", "held_out_loss"),
+    "beta": ("beta",),
+    "greedy_agreement": ("greedy_agreement",),
+    "wall_s": ("wall_s", "wall_seconds", "train_seconds"),
+    "corpus_sha256": ("corpus_sha256", "sha256"),
+    "corpus_bytes": ("corpus_bytes",),
+    "teacher": ("teacher", "spec_teacher"),
+    "parameters": ("parameters",),
+    "source": ("source",),
+    "python": ("python",),
+    "n_layer": ("n_layer", "spec_n_layer"),
+    "n_embd": ("n_embd", "spec_n_embd"),
+}
+
+
+def spec_settings(settings: dict) -> dict:
+    return settings.get("speculative") or {}
+
+
+def pct(fraction) -> str:
+    """A fraction as a percentage, 3 significant digits: 0.697 -> 69.7\\%."""
+    if fraction is None or not np.isfinite(float(fraction)):
+        return NONE
+    return f"{sig(100 * float(fraction))}\\%"
+
+
+def tt(name) -> str:
+    return f"\\texttt{{{tex_escape(name)}}}"
+
+
+def finite(x) -> bool:
+    try:
+        return x is not None and bool(np.isfinite(float(x)))
+    except (TypeError, ValueError):
+        return False
+
+
+def read_speculative(stats_dir: Path) -> dict[str, pd.DataFrame] | None:
+    """The speculative tables, or None when the stage did not run (no speculative_speedup.csv)."""
+    if not (Path(stats_dir) / "speculative_speedup.csv").exists():
+        return None
+    return read_spec_tables(stats_dir)
+
+
+def read_models(stats_dir: Path) -> pd.DataFrame:
+    """models.csv with manifest dicts (corpus, spec) flattened to corpus_sha256, spec_n_layer..."""
+    path = Path(stats_dir) / "models.csv"
+    try:
+        df = pd.read_csv(path)
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        return pd.DataFrame(columns=["model"])
+    df.columns = [re.sub(r"[^A-Za-z0-9]+", "_", str(c)).strip("_") for c in df.columns]
+    for col in list(df.columns):
+        parsed = df[col].map(as_dict)
+        if parsed.map(bool).any():
+            for key in sorted({k for d in parsed for k in d}):
+                name = f"{col}_{re.sub(r'[^A-Za-z0-9]+', '_', str(key))}"
+                if name not in df:
+                    df[name] = parsed.map(lambda d, key=key: d.get(key))
+    return df
+
+
+def as_dict(value) -> dict:
+    """A manifest dict that a CSV round trip turned into text (repr or JSON); else {}."""
+    if isinstance(value, dict):
+        return value
+    if not isinstance(value, str) or not value.startswith("{"):
+        return {}
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            out = parse(value)
+        except (ValueError, SyntaxError):
+            continue
+        return out if isinstance(out, dict) else {}
+    return {}
+
+
+def model_field(models: pd.DataFrame, model: str, field: str):
+    """The first alias of `field` that the row of `model` has a value for, else None."""
+    rows = models[models["model"].astype(str) == str(model)] if len(models) else models
+    if not len(rows):
+        return None
+    row = rows.iloc[0]
+    for alias in MODEL_FIELDS.get(field, (field,)):
+        if alias in row.index and not (np.isscalar(row[alias]) and pd.isna(row[alias])):
+            return row[alias]
+    return None
+
+
+def num(models: pd.DataFrame, model: str, field: str, fmt=sig) -> str:
+    value = model_field(models, model, field)
+    return fmt(float(value)) if finite(value) else NONE
+
+
+def requested_pairs(settings: dict) -> dict[str, dict]:
+    return dict(spec_settings(settings).get("pairs") or {})
+
+
+def pair_order(settings: dict, *tables: pd.DataFrame) -> list[str]:
+    """Pairs in the order the configuration lists them, then any others in the tables."""
+    requested = list(requested_pairs(settings))
+    return requested + [p for p in spec_pairs(*tables) if p not in requested]
+
+
+def pair_devices(settings: dict, pair: str) -> tuple[str, str]:
+    """(draft device, target device) labels of a pair, '--' where the settings do not say."""
+    spec = requested_pairs(settings).get(pair, {})
+    return (label(spec["draft_device"]) if "draft_device" in spec else NONE,
+            label(spec["target_device"]) if "target_device" in spec else NONE)
+
+
+def best_per_pair_mode(speedup: pd.DataFrame) -> pd.DataFrame:
+    """The row with the largest median speedup for every (pair, mode)."""
+    rows = speedup.dropna(subset=["speedup"]) if len(speedup) else speedup
+    if not len(rows):
+        return rows
+    return rows.loc[rows.groupby(["pair", "mode"])["speedup"].idxmax()]
+
+
+def headline_mode(speedup: pd.DataFrame) -> str:
+    modes = spec_modes(speedup)
+    return modes[0] if modes else "sampled"
+
+
+def best_pair(speedup: pd.DataFrame) -> str | None:
+    """The pair with the largest speedup in the headline mode (sampled when it was run)."""
+    best = best_per_pair_mode(speedup)
+    best = best[best["mode"] == headline_mode(speedup)] if len(best) else best
+    if not len(best):
+        return None
+    top = best.sort_values(["speedup", "pair"], ascending=[False, True]).iloc[0]
+    return str(top["pair"])
+
+
+def lookup(df: pd.DataFrame, column: str, **keys):
+    """The value of `column` in the one row matching `keys`, else NaN."""
+    if not len(df) or column not in df:
+        return float("nan")
+    hit = df[np.logical_and.reduce([df[k] == v for k, v in keys.items()])]
+    return hit[column].iloc[0] if len(hit) else float("nan")
+
+
+def first_k(acceptance: pd.DataFrame, pair: str | None = None, mode: str | None = None):
+    rows = acceptance
+    if len(rows) and pair is not None:
+        rows = rows[(rows["pair"] == pair) & (rows["mode"] == mode)]
+    return int(rows["k"].min()) if len(rows) else None
+
+
+def slower_pairs(speedup: pd.DataFrame, mode: str, column: str = "speedup") -> list[str]:
+    """Pairs whose `column` (median, or the CI's upper end) is below one at every K."""
+    rows = speedup[speedup["mode"] == mode] if len(speedup) else speedup
+    if not len(rows):
+        return []
+    top = rows.groupby("pair")[column].max()
+    return sorted(top[top < 1].index)
+
+
+def parallel_row(parallelism: pd.DataFrame, backend: str, target: str | None):
+    """The ratio row quoted for `backend`: K = PARALLEL_K or the largest K below it measured
+    (the smallest K when all exceed it), for the headline target model when measured there."""
+    rows = parallelism[parallelism["backend"] == backend] if len(parallelism) else parallelism
+    if not len(rows):
+        return None
+    models = sorted(rows["model"].astype(str).unique())
+    model = target if target in models else models[0]
+    rows = rows[rows["model"].astype(str) == model]
+    below = rows[rows["k"] <= PARALLEL_K]
+    k = below["k"].max() if len(below) else rows["k"].min()
+    return rows[rows["k"] == k].iloc[0]
+
+
+def seed_macros() -> dict[str, str]:
+    """The seed's reported values (SEED_CLAIMS): the text labels them as the seed's."""
+    s = SEED_CLAIMS
+    return {
+        "SeedSpeedup": plain(s["speedup"]), "SeedBestK": str(s["best_k"]),
+        "SeedFirstK": str(s["first_k"]),
+        "SeedAccFirstK": f"{plain(s['acceptance_first_k_percent'])}\\%",
+        "SeedAccBestK": f"{plain(s['acceptance_best_k_percent'])}\\%",
+        "SeedNumConfigs": str(s["configurations"]), "SeedNumSlower": str(s["decelerating"]),
+    }
+
+
+def spec_settings_macros(settings: dict) -> dict[str, str]:
+    spec = spec_settings(settings)
+    par = spec.get("parallelism") or {}
+    ks = sorted(int(k) for k in spec.get("ks", []))
+    par_ks = sorted(int(k) for k in par.get("ks", []))
+    return {
+        "SpecKs": budget_list(ks), "SpecNumKs": str(len(ks)),
+        "SpecKMax": str(ks[-1]) if ks else NONE,
+        "SpecModes": human_list(list(spec.get("modes", [])), empty=NONE),
+        "SpecTemperature": plain(spec.get("temperature")),
+        "SpecTopK": "off" if spec.get("top_k") in (None, 0) else str(spec["top_k"]),
+        "SpecTopP": "off" if spec.get("top_p") in (None, 1, 1.0) else plain(spec["top_p"]),
+        "SpecPrompts": str(spec.get("prompts", NONE)),
+        "SpecPromptLen": str(spec.get("prompt_len", NONE)),
+        "SpecBudget": str(spec.get("budget", NONE)),
+        "SpecRepeats": str(spec.get("repeats", NONE)),
+        "SpecParallelKs": budget_list(par_ks),
+        "SpecParallelContext": str(par.get("context", NONE)),
+        "SpecParallelInner": str(par.get("inner", NONE)),
+        "SpecParallelKRef": str(PARALLEL_K),
+    }
+
+
+def skipped_pairs(settings: dict, speedup: pd.DataFrame, env: pd.DataFrame) -> dict[str, str]:
+    """Requested pairs without a result -> the devices they need that this host lacks."""
+    requested = requested_pairs(settings)
+    ran = set(speedup["pair"]) if len(speedup) else set()
+    have = set(backends_run(env))
+    for name in ran & set(requested):
+        have |= {requested[name].get("draft_device"), requested[name].get("target_device")}
+    out = {}
+    for name, pair in requested.items():
+        if name in ran:
+            continue
+        devices = list(dict.fromkeys([pair.get("draft_device"), pair.get("target_device")]))
+        missing = [label(d) for d in devices if d and d not in have]
+        out[name] = (f"needs {human_list(missing)}" if missing
+                     else "no result reached the statistics")
+    return out
+
+
+def spec_pair_macros(t: dict[str, pd.DataFrame], settings: dict,
+                     env: pd.DataFrame) -> dict[str, str]:
+    speedup, acceptance, theory = t["speedup"], t["acceptance"], t["theory"]
+    ran = spec_pairs(speedup)
+    skipped = skipped_pairs(settings, speedup, env)
+    requested = requested_pairs(settings)
+    mode = headline_mode(speedup)
+    macros = {
+        "SpecNumPairsRequested": str(len(requested)),
+        "SpecNumPairsRun": str(len(ran)),
+        "SpecPairsRun": human_list([tt(p) for p in pair_order(settings, speedup) if p in ran]),
+        "SpecNumPairsSkipped": str(len(skipped)),
+        "SpecPairsSkipped": human_list([f"{tt(p)} ({why})" for p, why in skipped.items()]),
+        "SpecHeadlineMode": mode,
+        "SpecFirstK": str(first_k(acceptance)) if first_k(acceptance) is not None else NONE,
+    }
+    for m in ("sampled", "greedy"):
+        name = m.title()
+        slow = slower_pairs(speedup, m)
+        macros[f"SpecNumSlower{name}"] = str(len(slow))
+        macros[f"SpecSlowerPairs{name}"] = human_list([tt(p) for p in slow])
+        macros[f"SpecNumSlowerCI{name}"] = str(len(slower_pairs(speedup, m, "ci_high")))
+    pair = best_pair(speedup)
+    draft, target = pair_devices(settings, pair) if pair else (NONE, NONE)
+    macros.update({"SpecBestPair": tt(pair) if pair else NONE,
+                   "SpecBestDraftDevice": draft, "SpecBestTargetDevice": target})
+    best = best_per_pair_mode(speedup)
+    for m in ("sampled", "greedy"):
+        name = m.title()
+        row = best[(best["pair"] == pair) & (best["mode"] == m)] if len(best) else best
+        row = row.iloc[0] if len(row) else None
+        k = int(row["k"]) if row is not None else None
+        k1 = first_k(acceptance, pair, m) if pair else None
+        macros.update({
+            f"SpecBestK{name}": str(k) if k is not None else NONE,
+            f"SpecBestSpeedup{name}": sig(row["speedup"]) if row is not None else NONE,
+            f"SpecBestCI{name}": ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
+            f"SpecFirstK{name}": str(k1) if k1 is not None else NONE,
+            f"SpecAccFirstK{name}": pct(lookup(acceptance, "acceptance", pair=pair, mode=m,
+                                               k=k1)) if k1 is not None else NONE,
+            f"SpecAccBestK{name}": pct(lookup(acceptance, "acceptance", pair=pair, mode=m,
+                                              k=k)) if k is not None else NONE,
+            f"SpecTokensPerCallBest{name}": sig(lookup(acceptance, "tokens_per_call", pair=pair,
+                                                       mode=m, k=k)) if k is not None else NONE,
+        })
+    k = macros[f"SpecBestK{mode.title()}"] if mode.title() in ("Sampled", "Greedy") else NONE
+    at = {"pair": pair, "mode": mode, "k": int(k)} if k != NONE else None
+    macros.update({
+        "SpecBestAlpha": sig(lookup(theory, "alpha", **at)) if at else NONE,
+        "SpecBestCostRatio": sig(lookup(theory, "cost_ratio", **at)) if at else NONE,
+        "SpecBestPredicted": sig(lookup(theory, "predicted", **at)) if at else NONE,
+    })
+    return macros
+
+
+def spec_result_macros(t: dict[str, pd.DataFrame], settings: dict) -> dict[str, str]:
+    """Theory gap, verification parallelism per backend, and the HF assisted peer."""
+    theory, parallelism, hf = t["theory"], t["parallelism"], t["hf"]
+    macros: dict[str, str] = {}
+    gap = pd.Series(dtype=float)
+    if len(theory) and {"measured", "predicted"} <= set(theory.columns):
+        ok = theory[np.isfinite(theory["predicted"]) & (theory["predicted"] > 0)]
+        gap = (ok["measured"] / ok["predicted"]).dropna()
+    macros.update({"SpecTheoryGap": sig(gap.median()) if len(gap) else NONE,
+                   "SpecTheoryGapMin": sig(gap.min()) if len(gap) else NONE,
+                   "SpecTheoryGapMax": sig(gap.max()) if len(gap) else NONE,
+                   "SpecTheoryPoints": str(len(gap))})
+
+    pair = best_pair(t["speedup"])
+    target = requested_pairs(settings).get(pair, {}).get("target") if pair else None
+    summary = []
+    for backend in BACKEND_ORDER:
+        name = camel(backend)
+        row = parallel_row(parallelism, backend, target)
+        if row is None:
+            macros.update({f"SpecParallelRatio{name}": NONE, f"SpecParallelCI{name}": NONE,
+                           f"SpecParallelK{name}": NONE, f"SpecParallelSerial{name}": NONE})
+            continue
+        k = int(row["k"])
+        macros.update({f"SpecParallelRatio{name}": sig(row["ratio"]),
+                       f"SpecParallelCI{name}": ci(row["ci_low"], row["ci_high"]),
+                       f"SpecParallelK{name}": str(k), f"SpecParallelSerial{name}": str(k + 1)})
+        summary.append(f"{label(backend)} {sig(row['ratio'])}\\x{{}} "
+                       f"{ci(row['ci_low'], row['ci_high'])} at $K={k}$ (serial: {k + 1})")
+    macros["SpecParallelSummary"] = "; ".join(summary) or NONE
+
+    ratio = hf.dropna(subset=["ours_over_hf"]) if "ours_over_hf" in hf else hf.iloc[0:0]
+    macros["SpecHfNumPairs"] = str(ratio["pair"].nunique()) if len(ratio) else "0"
+    macros["SpecHfPairs"] = human_list([tt(p) for p in spec_pairs(ratio)])
+    for name, pick in (("Min", "idxmin"), ("Max", "idxmax")):
+        row = ratio.loc[getattr(ratio["ours_over_hf"], pick)()] if len(ratio) else None
+        macros.update({
+            f"SpecHfOver{name}": sig(row["ours_over_hf"]) if row is not None else NONE,
+            f"SpecHf{name}CI": ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
+            f"SpecHf{name}Pair": tt(row["pair"]) if row is not None else NONE,
+            f"SpecHf{name}K": str(int(row["k"])) if row is not None else NONE,
+        })
+    for name, col in (("Ours", "agree_speculative"), ("Hf", "agree_hf_assisted")):
+        values = hf[col].dropna() if col in hf else pd.Series(dtype=float)
+        macros[f"SpecAgree{name}"] = pct(values.min()) if len(values) else NONE
+    return macros
+
+
+def spec_model_macros(models: pd.DataFrame, settings: dict, pair: str | None) -> dict[str, str]:
+    target, draft = headline_models(settings, pair)
+    sha = model_field(models, draft, "corpus_sha256") or model_field(models, target,
+                                                                     "corpus_sha256")
+    nbytes = model_field(models, target, "corpus_bytes")
+    return {
+        "SpecTarget": tt(target) if target else NONE, "SpecDraft": tt(draft) if draft else NONE,
+        "SpecTargetParams": num(models, target, "parameters", millions),
+        "SpecDraftParams": num(models, draft, "parameters", millions),
+        "SpecTargetTrainLoss": num(models, target, "train_loss"),
+        "SpecTargetHeldoutLoss": num(models, target, "heldout_loss"),
+        "SpecDraftTrainLoss": num(models, draft, "train_loss"),
+        "SpecDraftHeldoutLoss": num(models, draft, "heldout_loss"),
+        "SpecBeta": num(models, draft, "beta"),
+        "SpecDraftGreedyAgreement": num(models, draft, "greedy_agreement", pct),
+        "SpecCorpusHash": tt(str(sha)[:12]) if isinstance(sha, str) and sha else NONE,
+        "SpecCorpusMiB": f"{sig(float(nbytes) / 2**20)}~MiB" if finite(nbytes) else NONE,
+        "SpecCorpusPython": tex_escape(model_field(models, target, "python") or NONE),
+    }
+
+
+def millions(n) -> str:
+    return f"{sig(float(n) / 1e6)}M"
+
+
+def headline_models(settings: dict, pair: str | None) -> tuple[str | None, str | None]:
+    """(target, draft) of the best pair, else of the first pair the configuration lists."""
+    pairs = requested_pairs(settings)
+    spec = pairs.get(pair) or next(iter(pairs.values()), {})
+    return spec.get("target"), spec.get("draft")
+
+
+def trained_pair(models: pd.DataFrame, settings: dict, pair: str | None) -> bool:
+    return all(r and model_field(models, r, "source") == "train"
+               for r in headline_models(settings, pair))
+
+
+def distilled_pair(models: pd.DataFrame, settings: dict, pair: str | None) -> bool:
+    """The draft names the target as its teacher."""
+    target, draft = headline_models(settings, pair)
+    teacher = model_field(models, draft, "teacher") if draft else None
+    if teacher is None and draft:
+        teacher = settings.get("models", {}).get(draft, {}).get("teacher")
+    return bool(target) and teacher == target
+
+
+def speculative_macros(t: dict[str, pd.DataFrame] | None, models: pd.DataFrame, settings: dict,
+                       env: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
+    """Every speculative macro, '--' without the stage, so the paper compiles either way."""
+    tables = t or {name: pd.DataFrame() for name in SPEC_TABLES}
+    pair = best_pair(tables["speedup"])
+    macros = {**seed_macros(), **spec_settings_macros(settings),
+              **spec_pair_macros(tables, settings, env), **spec_result_macros(tables, settings),
+              **spec_model_macros(models, settings, pair)}
+    hf = tables["hf"]
+    flags = {
+        "SpecParallelRan": len(tables["parallelism"]) > 0,
+        "SpecHfRan": bool("ours_over_hf" in hf and hf["ours_over_hf"].notna().any()),
+        "SpecHfRequested": bool(spec_settings(settings).get("hf_assisted")),
+        "SpecAnySkipped": macros["SpecNumPairsSkipped"] != "0",
+        "SpecTrainedPair": trained_pair(models, settings, pair),
+        "SpecDraftDistilled": distilled_pair(models, settings, pair),
+    }
+    return macros, flags
+
+
+def spec_pairs_table(t: dict[str, pd.DataFrame] | None, settings: dict, env: pd.DataFrame,
+                     confidence: str) -> str:
+    speedup = t["speedup"] if t else pd.DataFrame()
+    acceptance = t["acceptance"] if t else pd.DataFrame()
+    best = best_per_pair_mode(speedup)
+    skipped = skipped_pairs(settings, speedup, env)
+    k1 = first_k(acceptance)
+    rows = []
+    for pair in pair_order(settings, speedup):
+        draft, target = pair_devices(settings, pair)
+        if pair in skipped:
+            rows.append([tt(pair), draft, target,
+                         f"\\multicolumn{{6}}{{l}}{{\\emph{{{skipped[pair]}}}}}", "skipped"])
+            continue
+        for i, mode in enumerate(spec_modes(speedup[speedup["pair"] == pair])):
+            row = best[(best["pair"] == pair) & (best["mode"] == mode)]
+            row = row.iloc[0] if len(row) else None
+            k = int(row["k"]) if row is not None else None
+            first = first_k(acceptance, pair, mode)
+            rows.append([tt(pair) if i == 0 else "", draft if i == 0 else "",
+                         target if i == 0 else "", mode, str(k) if k is not None else NONE,
+                         sig(row["speedup"]) if row is not None else NONE,
+                         ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
+                         pct(lookup(acceptance, "acceptance", pair=pair, mode=mode, k=first))
+                         if first is not None else NONE,
+                         pct(lookup(acceptance, "acceptance", pair=pair, mode=mode, k=k))
+                         if k is not None else NONE, "ran" if i == 0 else ""])
+    first = f"$K={k1}$" if k1 is not None else "first $K$"
+    header = [
+        r" & \multicolumn{2}{c}{Device} & & \multicolumn{3}{c}{Best speedup}"
+        r" & \multicolumn{2}{c}{Acceptance} & \\",
+        r"\cmidrule(lr){2-3} \cmidrule(lr){5-7} \cmidrule(lr){8-9}",
+        f"Pair & draft & target & Mode & $K$ & speedup & {confidence} CI & at {first} & "
+        r"at best $K$ & Status \\",
+    ]
+    return tabular("@{}llllrrcrrl@{}", header, rows, "no draft/target pair in this build")
+
+
+def spec_hf_table(t: dict[str, pd.DataFrame] | None, confidence: str) -> str:
+    hf = t["hf"] if t else pd.DataFrame()
+    rows = []
+    for pair in spec_pairs(hf):
+        g = hf[hf["pair"] == pair]
+        ratio = g.dropna(subset=["ours_over_hf"]) if "ours_over_hf" in g else g.iloc[0:0]
+        agree = [pct(g[c].min()) if c in g and g[c].notna().any() else NONE
+                 for c in ("agree_speculative", "agree_hf_assisted")]
+        if not len(ratio):
+            rows.append([tt(pair), str(g["k"].nunique()), *[NONE] * 7, *agree])
+            continue
+        lo = ratio.loc[ratio["ours_over_hf"].idxmin()]
+        hi = ratio.loc[ratio["ours_over_hf"].idxmax()]
+        rows.append([tt(pair), str(ratio["k"].nunique()),
+                     sig(lo["ours_over_hf"]), ci(lo["ci_low"], lo["ci_high"]), str(int(lo["k"])),
+                     sig(ratio["ours_over_hf"].median()),
+                     sig(hi["ours_over_hf"]), ci(hi["ci_low"], hi["ci_high"]), str(int(hi["k"])),
+                     *agree])
+    header = [
+        r" & & \multicolumn{3}{c}{Minimum} & Median & \multicolumn{3}{c}{Maximum}"
+        r" & \multicolumn{2}{c}{Greedy agreement} \\",
+        r"\cmidrule(lr){3-5} \cmidrule(lr){7-9} \cmidrule(lr){10-11}",
+        f"Pair & $K$s & ratio & {confidence} CI & $K$ & ratio & ratio & {confidence} CI & $K$ & "
+        r"ours & HF \\",
+    ]
+    return tabular("@{}lrrcrrrcrrr@{}", header, rows,
+                   "no Hugging Face assisted run in this build (same-device pairs only)")
+
+
+def models_table(models: pd.DataFrame, settings: dict) -> str:
+    specs = settings.get("models", {})
+    names = [m for m in models["model"].astype(str)
+             if model_field(models, m, "source") == "train"] if len(models) else []
+    rows = []
+    for m in names:
+        spec = specs.get(m, {})
+        layers = model_field(models, m, "n_layer") or spec.get("n_layer")
+        width = model_field(models, m, "n_embd") or spec.get("n_embd")
+        teacher = model_field(models, m, "teacher") or spec.get("teacher")
+        rows.append([tt(m), tt(teacher) if teacher else NONE,
+                     f"{int(layers)} $\\times$ {int(width)}" if finite(layers) and finite(width)
+                     else NONE,
+                     num(models, m, "parameters", millions), num(models, m, "train_loss"),
+                     num(models, m, "heldout_loss"), num(models, m, "beta"),
+                     num(models, m, "greedy_agreement", pct), num(models, m, "wall_s")])
+    header = [r"Model & Teacher & Layers $\times$ width & Parameters & Train loss & "
+              r"Held-out loss & $\beta$ & Greedy agreement & Wall (s) \\"]
+    return tabular("@{}llrrrrrrr@{}", header, rows, "no model trained in this build")
+
+
+def spec_settings_rows(settings: dict, m: dict[str, str]) -> list:
+    spec = spec_settings(settings)
+    if not spec:
+        return []
+    pairs = [(f"Speculative pair {tt(name)}",
+              f"draft {tt(p.get('draft', '?'))} on {label(p.get('draft_device', '?'))}, "
+              f"target {tt(p.get('target', '?'))} on {label(p.get('target_device', '?'))}"
+              + (f", {tt(p['dtype'])}" if p.get("dtype") else ""))
+             for name, p in requested_pairs(settings).items()]
+    return [
+        None,
+        *pairs,
+        ("Draft lengths $K$", m["SpecKs"]),
+        ("Modes", m["SpecModes"]),
+        ("Temperature / top-$k$ / top-$p$",
+         f"{m['SpecTemperature']} / {m['SpecTopK']} / {m['SpecTopP']}"),
+        ("Prompts $\\times$ tokens, budget", f"{m['SpecPrompts']} $\\times$ {m['SpecPromptLen']}, "
+                                              f"{m['SpecBudget']} tokens"),
+        ("Speculative processes", m["SpecRepeats"]),
+        ("HF assisted peer", "yes" if spec.get("hf_assisted") else "no"),
+        ("Parallelism $K$s / context / inner", f"{m['SpecParallelKs']} / "
+                                               f"{m['SpecParallelContext']} / "
+                                               f"{m['SpecParallelInner']}"),
+    ]
 
 
 # -----------------------------------------------------------------------------
@@ -538,15 +1079,19 @@ def settings_table(settings: dict, macros: dict[str, str]) -> str:
 def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path]:
     """macros.tex and tab_*.tex under `out_dir`, from the stats tables and the settings."""
     t = read_stats(stats_dir)
+    spec = read_speculative(stats_dir)
+    models = read_models(stats_dir)
     ran = backends_run(t["environment"])
     env_macros, env_flags = environment_macros(t["environment"], t["skipped"], settings)
     reg_macros, reg_flags = regime_macros(t["regimes"], ran)
+    spec_macros, spec_flags = speculative_macros(spec, models, settings, t["environment"])
+    stages = stage_flags(speculative=spec is not None)
     macros = {**settings_macros(settings), **env_macros, **latency_macros(t["latency"]),
               **reg_macros, **kv_macros(t["kv_speedup"]),
               "KvSpeedupAtMaxSpike": kv_at_spike(t["kv_speedup"], t["regimes"]),
-              **{name: str(ready).lower() for name, ready in stage_flags().items()}}
+              **spec_macros, **{name: str(ready).lower() for name, ready in stages.items()}}
     flags = {**env_flags, **reg_flags, "AnyInitWeights": bool(init_models(settings)),
-             **stage_flags()}
+             **spec_flags, **stages}
     files = {
         "macros.tex": macros_tex(macros, flags),
         "tab_environment.tex": environment_table(t["environment"]),
@@ -554,6 +1099,10 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
         "tab_regimes.tex": regimes_table(t["regimes"]),
         "tab_skipped.tex": skipped_table(t["environment"], t["skipped"], t["latency"], settings),
         "tab_settings.tex": settings_table(settings, macros),
+        "tab_spec_pairs.tex": spec_pairs_table(spec, settings, t["environment"],
+                                               macros["Confidence"]),
+        "tab_spec_hf.tex": spec_hf_table(spec, macros["Confidence"]),
+        "tab_models.tex": models_table(models, settings),
     }
     out_dir = Path(out_dir)
     return [atomic(out_dir / name, lambda p, text=text: p.write_text(text))

@@ -76,3 +76,135 @@ def kv_speedup_table(runs: pd.DataFrame, confidence: float, resamples: int,
 
 def environment_table(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[ENVIRONMENT].drop_duplicates().sort_values(["backend"]).reset_index(drop=True)
+
+
+# --- speculative decoding -----------------------------------------------------------------------
+
+SPEC_KEYS = ["pair", "mode", "k"]
+
+
+def summed(f):
+    """Sum of f over the list cells of a column; rows of other methods hold NaN there."""
+    return lambda cells: sum(f(c) for c in cells if isinstance(c, list | np.ndarray))
+
+
+def spec_per_process(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per process, method, mode and K: median time over prompts; pooled acceptance."""
+    keys = ["pair", "repeat", "method", "mode", "k"]
+    g = runs.groupby(keys)
+    out = g.agg(total_s=("total_s", "median"), prompts=("prompt", "nunique")).reset_index()
+    if "proposed" in runs:
+        pooled = g.agg(accepted=("accepted", summed(sum)), proposed=("proposed", "sum"),
+                       tokens=("tokens", summed(len)), calls=("target_calls", "sum")).reset_index()
+        out = out.merge(pooled, on=keys)
+        out["acceptance"] = out["accepted"] / out["proposed"].where(out["proposed"] > 0)
+        out["tokens_per_call"] = out["tokens"] / out["calls"].where(out["calls"] > 0)
+    if "step_s" in runs:
+        out = out.merge(g.agg(step_s=("step_s", "median")).reset_index(), on=keys)
+    return out
+
+
+def acceptance_table(proc: pd.DataFrame, ci: tuple) -> pd.DataFrame:
+    spec = proc[proc["method"] == "speculative"]
+    rows = []
+    for key, group in spec.groupby(SPEC_KEYS):
+        x = group["acceptance"].to_numpy(dtype=float)
+        low, high = bootstrap_ci(np.median, (x,), *ci)
+        rows.append({**dict(zip(SPEC_KEYS, key, strict=True)), "acceptance": float(np.median(x)),
+                     "ci_low": low, "ci_high": high,
+                     "tokens_per_call": float(group["tokens_per_call"].median()), "n": len(x)})
+    return pd.DataFrame(rows)
+
+
+def speedup_table(proc: pd.DataFrame, ci: tuple) -> pd.DataFrame:
+    """Autoregressive over speculative wall time, same pair, mode and processes."""
+    rows = []
+    for (pair, mode), group in proc.groupby(["pair", "mode"]):
+        base = group.loc[group["method"] == "autoregressive", "total_s"].to_numpy(dtype=float)
+        for k, spec in group[group["method"] == "speculative"].groupby("k"):
+            x = spec["total_s"].to_numpy(dtype=float)
+            low, high = bootstrap_ci(median_ratio, (base, x), *ci)
+            rows.append({"pair": pair, "mode": mode, "k": k, "speedup": median_ratio(base, x),
+                         "ci_low": low, "ci_high": high, "spec_s": float(np.median(x)),
+                         "autoregressive_s": float(np.median(base)), "n": len(x)})
+    return pd.DataFrame(rows)
+
+
+def alpha_from_tokens_per_call(tokens_per_call: float, k: int) -> float:
+    """Invert E[tokens per call] = (1 - a^(K+1)) / (1 - a) for the per-token acceptance a."""
+    from scipy.optimize import brentq
+
+    from .sampling import expected_tokens_per_call
+
+    if tokens_per_call >= k + 1 - 1e-9:
+        return 1.0
+    if tokens_per_call <= 1 + 1e-12:
+        return 0.0
+    return float(brentq(lambda a: expected_tokens_per_call(a, k) - tokens_per_call, 0.0,
+                        1 - 1e-12))
+
+
+def theory_table(proc: pd.DataFrame, speedup: pd.DataFrame,
+                 acceptance: pd.DataFrame) -> pd.DataFrame:
+    """Leviathan et al.'s expected speedup from measured acceptance and cost ratio."""
+    from .sampling import expected_speedup
+
+    steps = proc.groupby(["pair", "mode", "method"])["step_s"].median()
+    rows = []
+    for row in speedup.merge(acceptance, on=SPEC_KEYS, suffixes=("", "_acc")).itertuples():
+        c = steps[(row.pair, row.mode, "draft_autoregressive")] / \
+            steps[(row.pair, row.mode, "autoregressive")]
+        alpha = alpha_from_tokens_per_call(row.tokens_per_call, row.k)
+        rows.append({"pair": row.pair, "mode": row.mode, "k": row.k, "alpha": alpha,
+                     "cost_ratio": float(c), "predicted": expected_speedup(alpha, row.k, c),
+                     "measured": row.speedup})
+    return pd.DataFrame(rows)
+
+
+def agreement(runs: pd.DataFrame, method: str) -> pd.DataFrame:
+    """Per pair and K: the fraction of greedy sequences of `method` equal to the target's own."""
+    greedy = runs[runs["mode"] == "greedy"]
+    base = greedy[greedy["method"] == "autoregressive"].set_index(["pair", "repeat", "prompt"])
+    rows = []
+    for (pair, k), group in greedy[greedy["method"] == method].groupby(["pair", "k"]):
+        same = [list(r.tokens) == list(base.loc[(pair, r.repeat, r.prompt), "tokens"])
+                for r in group.itertuples()]
+        rows.append({"pair": pair, "k": k, "method": method, "agree": float(np.mean(same)),
+                     "sequences": len(same)})
+    return pd.DataFrame(rows, columns=["pair", "k", "method", "agree", "sequences"])
+
+
+def hf_table(proc: pd.DataFrame, runs: pd.DataFrame, ci: tuple) -> pd.DataFrame:
+    """Our greedy speculative decoding against HF assisted generation at the same K."""
+    greedy = proc[proc["mode"] == "greedy"]
+    rows = []
+    for (pair, k), hf in greedy[greedy["method"] == "hf_assisted"].groupby(["pair", "k"]):
+        ours = greedy[(greedy["pair"] == pair) & (greedy["k"] == k)
+                      & (greedy["method"] == "speculative")]["total_s"].to_numpy(dtype=float)
+        theirs = hf["total_s"].to_numpy(dtype=float)
+        low, high = bootstrap_ci(median_ratio, (theirs, ours), *ci)
+        rows.append({"pair": pair, "k": k, "ours_s": float(np.median(ours)),
+                     "hf_s": float(np.median(theirs)), "ours_over_hf": median_ratio(theirs, ours),
+                     "ci_low": low, "ci_high": high})
+    table = pd.DataFrame(rows, columns=["pair", "k", "ours_s", "hf_s", "ours_over_hf", "ci_low",
+                                        "ci_high"])
+    agree = pd.concat([agreement(runs, "speculative"), agreement(runs, "hf_assisted")])
+    wide = agree.pivot_table(index=["pair", "k"], columns="method", values="agree").reset_index()
+    wide.columns = [c if c in ("pair", "k") else f"agree_{c}" for c in wide.columns]
+    return table.merge(wide, on=["pair", "k"], how="outer")
+
+
+def parallelism_table(runs: pd.DataFrame, ci: tuple) -> pd.DataFrame:
+    """Forward time on K+1 tokens over time on one token, per process, then across processes."""
+    keys = ["backend", "model", "context"]
+    per = runs.groupby([*keys, "repeat", "tokens"])["seconds"].median().reset_index()
+    rows = []
+    for key, group in per.groupby(keys):
+        one = group[group["tokens"] == 1].set_index("repeat")["seconds"]
+        for n, sub in group[group["tokens"] > 1].groupby("tokens"):
+            ratio = (sub.set_index("repeat")["seconds"] / one).dropna().to_numpy()
+            low, high = bootstrap_ci(np.median, (ratio,), *ci)
+            rows.append({**dict(zip(keys, key, strict=True)), "k": int(n) - 1,
+                         "ratio": float(np.median(ratio)), "ci_low": low, "ci_high": high,
+                         "n": len(ratio)})
+    return pd.DataFrame(rows)

@@ -1,6 +1,7 @@
 # Shared helpers: host, backends that run here and those skipped, job settings as CLI arguments.
 import json
 import os
+import re
 import shlex
 import socket
 import sys
@@ -14,7 +15,7 @@ from decodelab.models import PRESETS, max_positions, preset_config
 
 def this_host():
     name = config.get("host") or socket.gethostname().split(".")[0]
-    return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
 
 
 HOST = this_host()
@@ -30,15 +31,43 @@ for _b in SKIPPED:
 if not BACKENDS:
     raise WorkflowError("none of the backends in config 'backends' is available on this host")
 
-MODELS = list(config["models"])
 SWEEP = config["sweep"]
+MODELS = SWEEP["models"]
 EXPERIMENTS = ["sweep", "ablation"]
+SPEC = config.get("speculative")
+PAIRS = {}
+SKIPPED_PAIRS = {}
+if SPEC:
+    for _name, _pair in SPEC["pairs"].items():
+        _devices = {_pair["target_device"], _pair["draft_device"]}
+        (PAIRS if _devices <= set(BACKENDS) else SKIPPED_PAIRS)[_name] = _pair
+
+
+def check_model_names():
+    named = [("sweep.models", m) for m in MODELS]
+    named += [(f"models.{n}.teacher", s["teacher"]) for n, s in config["models"].items()
+              if "teacher" in s]
+    if SPEC:
+        named += [(f"speculative.pairs.{n}.{role}", p[role]) for n, p in SPEC["pairs"].items()
+                  for role in ("target", "draft")]
+    for key, name in named:
+        if name not in config["models"]:
+            raise WorkflowError(f"config '{key}': no model named {name!r} in 'models'")
+
+
+check_model_names()
+
+
+def teacher_dir(wildcards):
+    teacher = config["models"][wildcards.model].get("teacher")
+    return f"results/models/{teacher}" if teacher else []
 
 
 def check_positions():
     """Fail before any job when a budget would overrun a learned position table."""
     longest = max(SWEEP["budgets"]) + max(SWEEP["prompt_lengths"])
-    for name, spec in config["models"].items():
+    for name in MODELS:
+        spec = config["models"][name]
         if spec["source"] != "init":
             continue
         if spec["preset"] not in PRESETS:
@@ -49,12 +78,33 @@ def check_positions():
         limit = max_positions(preset_config(spec["preset"]))
         if limit is not None and longest > limit:
             raise WorkflowError(
-                f"config 'sweep': max budget + max prompt length = {longest} tokens, but model "
+                f"config 'sweep': the longest budget and prompt reach {longest} tokens, but model "
                 f"{name!r} ({spec['preset']}) has {limit} positions"
             )
 
 
 check_positions()
+
+
+def check_speculative_positions():
+    """The study's longest sequence must fit the learned positions of trained models."""
+    par = SPEC["parallelism"]
+    longest = max(
+        SPEC["prompt_len"] + SPEC["budget"] + max(SPEC["ks"]),
+        par["context"] + max(par["ks"]) + 1,
+    )
+    for name, pair in SPEC["pairs"].items():
+        for role in ("target", "draft"):
+            limit = config["models"][pair[role]].get("n_positions")
+            if limit is not None and longest > limit:
+                raise WorkflowError(
+                    f"config 'speculative': sequences reach {longest} tokens (prompt, budget and"
+                    f" the largest K; or the parallelism context and K) but {role} {pair[role]!r} of"
+                    f" pair {name!r} has n_positions {limit}"
+                )
+
+
+check_speculative_positions()
 
 
 def as_arg(obj):
@@ -82,9 +132,48 @@ def paper_settings():
     return {
         "host": HOST,
         "backends": config["backends"],
-        "models": config["models"],
         "shuffle_seed": config["seed"],
         **SWEEP,
+        "models": {name: config["models"][name] for name in MODELS},  # the sweep's, with specs
         "regimes": config["regimes"],
         "stats": config["stats"],
+        "speculative": SPEC,
     }
+
+
+def speculative_spec():
+    keys = ("ks", "modes", "temperature", "top_k", "top_p", "prompts", "prompt_len", "budget",
+            "hf_assisted")
+    return {**{k: SPEC[k] for k in keys}, "seed": config["seed"]}
+
+
+def pair_devices(wc):
+    pair = PAIRS[wc.pair]
+    return {pair["target_device"], pair["draft_device"]}
+
+
+def parallelism_targets():
+    """(backend, target model, dtype) for every configuration that runs here."""
+    return sorted({(p["target_device"], p["target"], p["dtype"]) for p in PAIRS.values()})
+
+
+def parallelism_spec(backend, model):
+    dtype = next(d for b, m, d in parallelism_targets() if (b, m) == (backend, model))
+    return {**SPEC["parallelism"], "dtype": dtype, "seed": config["seed"]}
+
+
+def speculative_runs(wildcards):
+    return expand(
+        "results/{host}/speculative/{pair}/rep{repeat}.parquet",
+        host=HOST,
+        pair=list(PAIRS),
+        repeat=range(SPEC["repeats"]),
+    )
+
+
+def parallelism_runs(wildcards):
+    return [
+        f"results/{HOST}/{backend}/parallelism/{model}/rep{r}.parquet"
+        for backend, model, _ in parallelism_targets()
+        for r in range(SPEC["repeats"])
+    ]

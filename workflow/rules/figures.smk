@@ -15,3 +15,25 @@ rule figures:
         "logs/{host}/figures.log",
     shell:
         "decodelab figures --stats {params.stats} --out {params.out} 2> {log}"
+
+
+rule speculative_figures:
+    input:
+        expand(
+            "results/{{host}}/stats/speculative_{table}.csv",
+            table=["acceptance", "speedup", "theory", "hf", "parallelism"],
+        ),
+    output:
+        multiext("results/{host}/figures/acceptance", ".pdf", ".png"),
+        multiext("results/{host}/figures/speedup", ".pdf", ".png"),
+        multiext("results/{host}/figures/parallelism", ".pdf", ".png"),
+        multiext("results/{host}/figures/theory", ".pdf", ".png"),
+    params:
+        stats=lambda wc, input: os.path.dirname(input[0]),
+        out=lambda wc, output: os.path.dirname(output[0]),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/speculative_figures.log",
+    shell:
+        "decodelab spec-figures --stats {params.stats} --out {params.out} 2> {log}"

@@ -1,11 +1,16 @@
 rule prepare_model:
+    input:
+        teacher=teacher_dir,
     output:
         directory("results/models/{model}"),
     params:
         spec=lambda wc: as_arg(config["models"][wc.model]),
+        teacher=lambda wc, input: f"--teacher-dir {input.teacher}" if input.teacher else "",
+    threads: lambda wc: workflow.cores if config["models"][wc.model]["source"] == "train" else 1
     conda:
         "../../envs/decodelab.yaml"
     log:
         "logs/prepare_model/{model}.log",
     shell:
-        "decodelab prepare-model --spec {params.spec} --out {output} 2> {log}"
+        "decodelab prepare-model --spec {params.spec} {params.teacher} --threads {threads}"
+        " --out {output} 2> {log}"

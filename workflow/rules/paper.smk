@@ -18,10 +18,13 @@ rule paper:
         stats=expand(
             "results/{host}/stats/{table}.csv",
             host=HOST,
-            table=["latency", "kv_speedup", "regimes", "environment", "skipped"],
+            table=["latency", "kv_speedup", "regimes", "environment", "skipped", "models"]
+            + [f"speculative_{t}" for t in ("acceptance", "speedup", "theory", "hf", "parallelism")],
         ),
         figures=expand(
-            "results/{host}/figures/{fig}.pdf", host=HOST, fig=["latency", "kv_speedup"]
+            "results/{host}/figures/{fig}.pdf",
+            host=HOST,
+            fig=["latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory"],
         ),
     output:
         "results/paper/paper.pdf",

@@ -1,0 +1,147 @@
+"""Speculative decoding from scratch: the draft proposes K tokens with its own KV cache, the target
+scores all K+1 positions in one forward pass, a rejection rule keeps the target's distribution,
+and both caches roll back to the accepted prefix.
+
+Draft and target may sit on different devices. Token ids cross between them; in sampled mode the
+draft's K probability rows cross too, because the rejection rule compares p with q.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from .decode import cache_kwarg
+from .devices import now
+from .errors import DecodelabError
+from .sampling import greedy_accept, sample, speculative_accept, warp
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    accepted: list[int] = field(default_factory=list)  # per target call
+    proposed: int = 0
+    draft_forwards: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def target_calls(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return sum(self.accepted) / self.proposed if self.proposed else float("nan")
+
+    @property
+    def tokens_per_call(self) -> float:
+        return len(self.tokens) / self.target_calls if self.target_calls else float("nan")
+
+
+def check_vocab(target, draft) -> None:
+    t, d = target.config.vocab_size, draft.config.vocab_size
+    if t != d:
+        raise DecodelabError(f"draft and target vocabularies differ ({d} vs {t} tokens); "
+                             "speculative decoding needs a shared tokenizer")
+
+
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def feed(model, cache: DynamicCache, ids: torch.Tensor) -> torch.Tensor:
+    """Run `ids` ([T] on the model's device) through the model; logits of every position [T, V]."""
+    out = model(input_ids=ids[None], use_cache=True, **{cache_kwarg(model): cache})
+    return out.logits[0].float()
+
+
+def rollback(cache: DynamicCache, keep: int) -> None:
+    # crop(-n) drops n tokens in transformers 5; crop(0) would empty a 4.x cache, so never call it.
+    extra = cache.get_seq_length() - keep
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def pending(seq: list[int], cache: DynamicCache, device) -> torch.Tensor:
+    """The tokens of `seq` that `cache` has not seen yet."""
+    return torch.tensor(seq[cache.get_seq_length():], device=device)
+
+
+def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
+            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K draft tokens and the distributions they were drawn from ([K], [K, V])."""
+    if k == 0:
+        vocab = draft.get_output_embeddings().out_features
+        return (torch.empty(0, dtype=torch.long, device=ids.device),
+                torch.empty(0, vocab, device=ids.device))
+    tokens, probs = [], []
+    logits = feed(draft, cache, ids)[-1]
+    for i in range(k):
+        q = warp(logits, s.temperature, s.top_k, s.top_p)
+        token = q.argmax(-1, keepdim=True) if s.greedy else sample(q, generator).reshape(1)
+        tokens.append(token)
+        probs.append(q)
+        if i < k - 1:
+            logits = feed(draft, cache, token)[-1]
+    return torch.cat(tokens), torch.stack(probs)
+
+
+def verify(target, cache: DynamicCache, ids: torch.Tensor, draft_tokens: torch.Tensor,
+           draft_probs: torch.Tensor, s: Sampling,
+           generator: torch.Generator | None) -> tuple[int, int]:
+    k = len(draft_tokens)
+    logits = feed(target, cache, torch.cat([ids, draft_tokens]))[-(k + 1):]
+    if s.greedy:
+        return greedy_accept(logits, draft_tokens)
+    p = warp(logits, s.temperature, s.top_k, s.top_p)
+    return speculative_accept(p, draft_probs.to(p.device), draft_tokens, generator)
+
+
+@torch.inference_mode()
+def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling = Sampling(),
+             draft_generator: torch.Generator | None = None,
+             target_generator: torch.Generator | None = None) -> Result:
+    """Exactly `budget` new tokens after `prompt` (no EOS stop), K draft tokens per target call."""
+    check_vocab(target, draft)
+    t_dev, d_dev = device_of(target), device_of(draft)
+    t_cache, d_cache = DynamicCache(config=target.config), DynamicCache(config=draft.config)
+    seq = list(prompt)
+    out = Result(tokens=[])
+    now(d_dev)
+    start = now(t_dev)
+    while len(seq) - len(prompt) < budget:
+        k_now = min(k, budget - (len(seq) - len(prompt)) - 1)  # never emit past the budget
+        t0 = now(d_dev)
+        draft_tokens, draft_probs = propose(draft, d_cache, pending(seq, d_cache, d_dev), k_now,
+                                            s, draft_generator)
+        t1 = now(d_dev)
+        draft_tokens = draft_tokens.to(t_dev)
+        n, nxt = verify(target, t_cache, pending(seq, t_cache, t_dev), draft_tokens, draft_probs,
+                        s, target_generator)
+        t2 = now(t_dev)
+        seq += draft_tokens[:n].tolist() + [nxt]
+        rollback(t_cache, len(seq) - 1)
+        rollback(d_cache, len(seq) - 1)
+        out.accepted.append(n)
+        out.proposed += k_now
+        out.draft_forwards += k_now
+        out.draft_s += t1 - t0
+        out.verify_s += t2 - t1
+    out.total_s = now(t_dev) - start
+    out.tokens = seq[len(prompt):]
+    return out

@@ -1,0 +1,134 @@
+"""The speculative-decoding study, one process at a time: a shuffled grid of K x mode x prompt for
+one draft/target configuration, with the target's autoregressive baseline, the draft's own step
+cost and Hugging Face assisted generation timed beside it; and verification parallelism."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from . import models
+from .decode import decode
+from .devices import fingerprint, now
+from .speculative import Sampling, check_vocab, feed, generate
+from .train import heldout_prompts
+
+
+def sampling_for(mode: str, spec: dict) -> Sampling:
+    if mode == "greedy":
+        return Sampling()
+    return Sampling(spec["temperature"], spec["top_k"], spec["top_p"])
+
+
+def generators(device: str, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def run_speculative(target, draft, prompt, cfg, spec, seed) -> dict:
+    s = sampling_for(cfg["mode"], spec)
+    out = generate(target, draft, prompt, spec["budget"], cfg["k"], s,
+                   generators(draft.device.type, seed), generators(target.device.type, seed + 1))
+    return {"tokens": out.tokens, "total_s": out.total_s, "draft_s": out.draft_s,
+            "verify_s": out.verify_s, "accepted": out.accepted, "proposed": out.proposed,
+            "target_calls": out.target_calls, "acceptance_rate": out.acceptance_rate,
+            "tokens_per_call": out.tokens_per_call, "draft_forwards": out.draft_forwards}
+
+
+def run_autoregressive(model, prompt, cfg, spec, seed) -> dict:
+    s = sampling_for(cfg["mode"], spec)
+    ids = torch.tensor([prompt], device=model.device)
+    out = decode(model, ids, spec["budget"], use_cache=True, temperature=s.temperature,
+                 top_k=s.top_k, top_p=s.top_p, generator=generators(model.device.type, seed))
+    return {"tokens": out.tokens, "total_s": out.prefill_s + out.decode_s,
+            "step_s": out.decode_s / max(len(out.step_s), 1), "target_calls": len(out.tokens)}
+
+
+@torch.inference_mode()
+def run_hf_assisted(target, draft, prompt, cfg, spec, seed) -> dict:
+    """`generate(assistant_model=...)` with a constant K, greedy, the full budget (no EOS)."""
+    draft.generation_config.num_assistant_tokens = cfg["k"]
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    ids = torch.tensor([prompt], device=target.device)
+    start = now(target.device)
+    out = target.generate(ids, assistant_model=draft, do_sample=False,
+                          max_new_tokens=spec["budget"], eos_token_id=None, pad_token_id=0)
+    total = now(target.device) - start
+    return {"tokens": out[0, len(prompt):].tolist(), "total_s": total}
+
+
+METHODS = {
+    "speculative": lambda t, d, p, c, s, seed: run_speculative(t, d, p, c, s, seed),
+    "autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(t, p, c, s, seed),
+    "draft_autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(d, p, c, s, seed),
+    "hf_assisted": lambda t, d, p, c, s, seed: run_hf_assisted(t, d, p, c, s, seed),
+}
+
+
+def make_grid(spec: dict, same_device: bool) -> list[dict]:
+    prompts = range(spec["prompts"])
+    grid = [{"method": "speculative", "mode": m, "k": k, "prompt": p}
+            for m, k, p in itertools.product(spec["modes"], spec["ks"], prompts)]
+    grid += [{"method": method, "mode": m, "k": 0, "prompt": p}
+             for method, m, p in itertools.product(
+                 ["autoregressive", "draft_autoregressive"], spec["modes"], prompts)]
+    if spec["hf_assisted"] and same_device and "greedy" in spec["modes"]:
+        grid += [{"method": "hf_assisted", "mode": "greedy", "k": k, "prompt": p}
+                 for k, p in itertools.product(spec["ks"], prompts)]
+    return grid
+
+
+def load_pair(target_dir, draft_dir, pair: dict):
+    target = models.load(target_dir, pair["target_device"], pair["dtype"])
+    draft = models.load(draft_dir, pair["draft_device"], pair["dtype"])
+    check_vocab(target, draft)
+    return target, draft
+
+
+def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: dict, repeat: int,
+        progress: bool = True) -> pd.DataFrame:
+    target, draft = load_pair(target_dir, draft_dir, pair)
+    prompts = heldout_prompts(target_dir, spec["prompts"], spec["prompt_len"], spec["seed"])
+    grid = make_grid(spec, pair["target_device"] == pair["draft_device"])
+    shuffle_seed = spec["seed"] + 7919 * repeat
+    random.Random(shuffle_seed).shuffle(grid)
+    for method in ("speculative", "autoregressive"):  # warm-up, untimed
+        METHODS[method](target, draft, prompts[0], {"mode": spec["modes"][0], "k": 2}, spec, 0)
+    rows = []
+    desc = f"speculative {pair_name} rep{repeat}"
+    for order, cfg in enumerate(tqdm(grid, desc=desc, disable=not progress, mininterval=1)):
+        seed = spec["seed"] + 1_000 * repeat + order
+        result = METHODS[cfg["method"]](target, draft, prompts[cfg["prompt"]], cfg, spec, seed)
+        rows.append({"order": order, **cfg, **result, "sample_seed": seed})
+    meta = {"pair": pair_name, **{f"pair_{k}": v for k, v in pair.items()}, "repeat": repeat,
+            "budget": spec["budget"], "prompt_len": spec["prompt_len"],
+            "shuffle_seed": shuffle_seed, **fingerprint(pair["target_device"], spec)}
+    return pd.DataFrame([{**meta, **row} for row in rows])
+
+
+@torch.inference_mode()
+def parallelism(model, ks: list[int], context: int, inner: int, seed: int) -> pd.DataFrame:
+    """Target forward time on K+1 tokens over its time on 1 token at the same context length."""
+    from transformers import DynamicCache
+
+    from .speculative import rollback
+
+    device = model.device
+    gen = torch.Generator().manual_seed(seed)
+    ctx = torch.randint(0, model.config.vocab_size, (context + max(ks) + 1,), generator=gen)
+    ctx = ctx.to(device)
+    cache = DynamicCache(config=model.config)
+    feed(model, cache, ctx[:context])
+    trials = [n for n in [1, *[k + 1 for k in ks]] for _ in range(inner)]
+    random.Random(seed).shuffle(trials)
+    rows = []
+    for n in [1, 2, *trials]:  # the first two calls warm up
+        start = now(device)
+        feed(model, cache, ctx[context:context + n])
+        rows.append({"tokens": n, "seconds": now(device) - start})
+        rollback(cache, context)
+    return pd.DataFrame(rows[2:]).assign(context=context)

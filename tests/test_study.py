@@ -1,0 +1,78 @@
+"""The speculative study's job: a shuffled grid with baselines and the HF peer, and its stats."""
+
+import pandas as pd
+import pytest
+
+from decodelab import models, stats, study
+
+TINY = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128,
+        "vocab_size": 512, "corpus_mb": 0.3, "seq_len": 32, "batch_size": 4, "steps": 10,
+        "lr": 0.003, "seed": 1}
+SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
+        "top_p": 1.0, "prompts": 2, "prompt_len": 8, "budget": 12, "hf_assisted": True,
+        "seed": 3}
+PAIR = {"target_device": "cpu", "draft_device": "cpu", "dtype": "float32"}
+CI = (0.9, 200, 0)
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    models.prepare(TINY, root / "target")
+    draft = TINY | {"n_embd": 16, "steps": 5, "seed": 2, "teacher": "target", "distill": 0.5}
+    models.prepare(draft, root / "draft", teacher_dir=root / "target")
+    return str(root / "target"), str(root / "draft")
+
+
+@pytest.fixture(scope="module")
+def runs(pair_dirs):
+    parts = [study.run(*pair_dirs, "cpu-cpu", PAIR, SPEC, repeat=r, progress=False)
+             for r in range(2)]
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_the_grid_has_every_method_once_per_prompt(runs):
+    one = runs[runs["repeat"] == 0]
+    counts = one.groupby("method").size().to_dict()
+    assert counts == {"speculative": 2 * 2 * 2, "autoregressive": 2 * 2,
+                      "draft_autoregressive": 2 * 2, "hf_assisted": 2 * 2}
+    assert sorted(one["order"]) == list(range(len(one)))
+    assert (one["tokens"].map(len) == SPEC["budget"]).all()
+
+
+def test_greedy_speculative_and_hf_agree_with_the_target(runs):
+    hf = stats.hf_table(stats.spec_per_process(runs), runs, CI)
+    assert (hf["agree_speculative"] == 1.0).all()
+    assert (hf["agree_hf_assisted"] == 1.0).all()
+    assert (hf["ours_over_hf"] > 0).all()
+
+
+def test_study_tables_are_consistent(runs):
+    proc = stats.spec_per_process(runs)
+    acceptance = stats.acceptance_table(proc, CI)
+    speedup = stats.speedup_table(proc, CI)
+    theory = stats.theory_table(proc, speedup, acceptance)
+    assert set(acceptance["k"]) == {1, 3} and set(acceptance["mode"]) == {"greedy", "sampled"}
+    assert acceptance["acceptance"].between(0, 1).all()
+    assert (acceptance["tokens_per_call"] >= 1).all()
+    assert (acceptance["tokens_per_call"] <= acceptance["k"] + 1).all()
+    assert (speedup["speedup"] > 0).all() and (speedup["n"] == 2).all()
+    assert theory["alpha"].between(0, 1).all() and (theory["cost_ratio"] > 0).all()
+
+
+def test_alpha_inversion_recovers_the_planted_value():
+    from decodelab.sampling import expected_tokens_per_call
+
+    for alpha in (0.0, 0.3, 0.7, 0.95):
+        for k in (1, 4, 8):
+            got = stats.alpha_from_tokens_per_call(expected_tokens_per_call(alpha, k), k)
+            assert abs(got - alpha) < 1e-6
+
+
+def test_parallelism_rows_time_one_and_k_plus_one_tokens(pair_dirs):
+    model = models.load(pair_dirs[0], "cpu")
+    rows = study.parallelism(model, ks=[1, 4], context=16, inner=3, seed=0)
+    assert sorted(rows["tokens"].unique()) == [1, 2, 5]
+    assert (rows.groupby("tokens").size() == 3).all() and (rows["seconds"] > 0).all()
+    table = stats.parallelism_table(rows.assign(backend="cpu", model="t", repeat=0), CI)
+    assert sorted(table["k"]) == [1, 4] and (table["ratio"] > 0).all()

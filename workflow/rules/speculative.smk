@@ -1,0 +1,91 @@
+# The speculative-decoding study: one job per draft/target configuration x repeat, the target's
+# verification parallelism per backend, then the study's statistics.
+
+
+rule speculative:
+    input:
+        target=lambda wc: f"results/models/{PAIRS[wc.pair]['target']}",
+        draft=lambda wc: f"results/models/{PAIRS[wc.pair]['draft']}",
+    output:
+        "results/{host}/speculative/{pair}/rep{repeat}.parquet",
+    wildcard_constraints:
+        repeat=r"\d+",
+    params:
+        spec=as_arg(speculative_spec()),
+        pair=lambda wc: as_arg(PAIRS[wc.pair]),
+    threads: lambda wc: workflow.cores if "cpu" in pair_devices(wc) else 1
+    resources:
+        bench_cpu=lambda wc: int("cpu" in pair_devices(wc)),
+        gpu=lambda wc: int("cuda" in pair_devices(wc)),
+        mps=lambda wc: int("mps" in pair_devices(wc)),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/speculative/{pair}/rep{repeat}.log",
+    benchmark:
+        "benchmarks/{host}/speculative/{pair}/rep{repeat}.tsv"
+    shell:
+        "decodelab speculative --target-dir {input.target} --draft-dir {input.draft}"
+        " --pair {wildcards.pair} --pair-spec {params.pair} --spec {params.spec}"
+        " --repeat {wildcards.repeat} --threads {threads} --out {output} 2> {log}"
+
+
+rule parallelism:
+    input:
+        "results/models/{model}",
+    output:
+        "results/{host}/{backend}/parallelism/{model}/rep{repeat}.parquet",
+    wildcard_constraints:
+        backend="cpu|cuda|mps",
+        repeat=r"\d+",
+    params:
+        spec=lambda wc: as_arg(parallelism_spec(wc.backend, wc.model)),
+    threads: lambda wc: workflow.cores if wc.backend == "cpu" else 1
+    resources:
+        bench_cpu=lambda wc: int(wc.backend == "cpu"),
+        gpu=lambda wc: int(wc.backend == "cuda"),
+        mps=lambda wc: int(wc.backend == "mps"),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/{backend}/parallelism/{model}/rep{repeat}.log",
+    benchmark:
+        "benchmarks/{host}/{backend}/parallelism/{model}/rep{repeat}.tsv"
+    shell:
+        "decodelab parallelism --model-dir {input} --model {wildcards.model}"
+        " --backend {wildcards.backend} --spec {params.spec} --repeat {wildcards.repeat}"
+        " --threads {threads} --out {output} 2> {log}"
+
+
+rule speculative_stats:
+    input:
+        runs=speculative_runs,
+        parallelism=parallelism_runs,
+    output:
+        expand(
+            "results/{{host}}/stats/speculative_{table}.csv",
+            table=["acceptance", "speedup", "theory", "hf", "parallelism"],
+        ),
+    params:
+        spec=as_arg(config["stats"]),
+        out=lambda wc, output: os.path.dirname(output[0]),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/speculative_stats.log",
+    shell:
+        "decodelab spec-stats --spec {params.spec} --out {params.out}"
+        " --runs {input.runs} --parallelism {input.parallelism} 2> {log}"
+
+
+rule model_table:
+    input:
+        expand("results/models/{model}", model=list(config["models"])),
+    output:
+        "results/{host}/stats/models.csv",
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/model_table.log",
+    shell:
+        "decodelab model-table --out {output} {input} 2> {log}"
