@@ -45,7 +45,7 @@ def workdir(tmp_path):
 
 def write_config(workdir: Path, **changes) -> Path:
     config = yaml.safe_load((ROOT / "config.yaml").read_text()) | changes
-    path = workdir / "bad.yaml"
+    path = workdir / "changed.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -100,10 +100,12 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(workdir):
     again = snakemake(workdir, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
 
-    changed = snakemake(workdir, "-n", "--config", "stats={confidence: 0.9}")
+    stats = yaml.safe_load((ROOT / "config.yaml").read_text())["stats"] | {"confidence": 0.9}
+    changed = snakemake(workdir, "-n", "--configfile", str(write_config(workdir, stats=stats)))
     rerun = set(planned_jobs(changed.stdout))
-    assert "statistics" in rerun and "paper" in rerun
-    assert rerun <= {"statistics", "figures", "settings", "paper", "all"}
+    assert {"statistics", "speculative_stats", "paper"} <= rerun
+    assert rerun <= {"statistics", "speculative_stats", "figures", "speculative_figures",
+                     "settings", "paper", "all"}
 
 
 def test_conda_env_pins_equal_requirements_lock():
