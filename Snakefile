@@ -15,6 +15,7 @@ include: "workflow/rules/models.smk"
 include: "workflow/rules/sweeps.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/speculative.smk"
+include: "workflow/rules/verification.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/paper.smk"
 

@@ -35,6 +35,7 @@ SPEC_KS = [1, 2, 3, 4, 6, 8]
 
 def settings_dict(backends=("cpu", "cuda", "mps")) -> dict:
     return {
+        "verification": VERIFICATION_SETTINGS,
         "host": "ci_runner-01", "backends": list(backends), "budgets": BUDGETS,
         "prompt_lengths": [32], "repeats": 3, "inner_repeats": 2, "warmup": 2,
         "dtype": "float32", "shuffle_seed": 20261130,
@@ -214,6 +215,87 @@ def write_spec_stats(stats_dir: Path, pairs=("cpu-mps", "cpu-cpu", "mps-mps"),
     return stats_dir
 
 
+# equivalence verification: the tables of the verification_stats rule
+
+SAMPLERS = ("correct", "accept_all", "resample_from_p")
+EXACT_ERRORS = {"correct": 2.2e-16, "accept_all": 0.31, "resample_from_p": 0.047}
+# (check, dof, statistic, p) per sampler at level 2 and 3; accept_all's chi-square at level 3
+# is NOT rejected at 0.01: the low-power finding the paper must be able to state
+MC = {"Monte Carlo, one step": (7, {"correct": (6.1, 0.53), "accept_all": (1450.0, 0.0),
+                                    "resample_from_p": (88.2, 3.1e-16)}),
+      "Monte Carlo, block K=2": (26, {"correct": (24.0, 0.58), "accept_all": (900.0, 1e-170),
+                                      "resample_from_p": (140.0, 2.2e-17)})}
+REAL = {"two-sample chi-square": (200, {"correct": (188.4, 0.72), "accept_all": (236.0, 0.041),
+                                        "resample_from_p": (214.9, 0.22)}),
+        "log-ratio t-test": (None, {"correct": (0.41, 0.68), "accept_all": (-11.2, 4.0e-22),
+                                    "resample_from_p": (-4.9, 2.1e-6)})}
+# rejections out of 10 seeds per (check, sampler)
+POWER = {"Monte Carlo, one step": (0, 10, 10), "Monte Carlo, block K=2": (1, 10, 10),
+         "two-sample chi-square": (2, 4, 3), "log-ratio t-test": (0, 10, 10)}
+VERIFICATION_SETTINGS = {
+    "pairs": ["cpu-cpu", "cpu-mps"], "k": 4, "alpha": 0.01, "seeds": 10,
+    "exact": {"random_pairs": 200, "vocab_sizes": [2, 10, 100, 1000, 50000],
+              "concentrations": [0.1, 1.0, 10.0], "real_positions": 300, "block_vocab": 3,
+              "block_ks": [1, 2, 3]},
+    "monte_carlo": {"draws": 20000, "vocab": 8, "block_draws": 20000},
+    "real": {"tokens": 9200, "budget": 64, "top": 200, "prompts": 16, "power_tokens": 2000,
+             "greedy_prompts": 32},
+}
+
+
+def verification_row(level, check, sampler, statistic, n, dof=None, p=None, pair="",
+                     alpha=0.01):
+    rejected = statistic > 1e-9 if p is None else p < alpha
+    return {"level": level, "check": check, "pair": pair, "sampler": sampler,
+            "statistic": statistic, "dof": dof, "p_value": p, "n": n, "rejected": rejected,
+            "expected_rejected": sampler != "correct"}
+
+
+def write_verification_stats(stats_dir: Path, pairs=("cpu-cpu",)) -> Path:
+    """The five verification tables; level 3, power, tokens and greedy per pair."""
+    levels, power, pvalues, tokens, greedy = [], [], [], [], []
+    for sampler in SAMPLERS:
+        err = EXACT_ERRORS[sampler]
+        levels += [verification_row(1, "one step, Dirichlet pairs", sampler, err, 200),
+                   verification_row(1, "one step, edge cases", sampler, 0.5 * err, 10),
+                   verification_row(1, "one step, real pairs", sampler, 0.8 * err, 300)]
+        levels += [verification_row(1, f"block K={k}", sampler, err / k, 3 ** (k + 1))
+                   for k in (1, 2, 3)]
+    checks = [(2, "", check, spec, 20000) for check, spec in MC.items()]
+    checks += [(3, pair, check, spec, 9216) for pair in pairs for check, spec in REAL.items()]
+    rng = np.random.default_rng(3)
+    for level, pair, check, (dof, by_sampler), n in checks:
+        for i, sampler in enumerate(SAMPLERS):
+            stat, p = by_sampler[sampler]
+            levels.append(verification_row(level, check, sampler, stat, n, dof, p, pair))
+            rejections = POWER[check][i]
+            ps = np.r_[rng.uniform(1e-12, 0.009, rejections),
+                       rng.uniform(0.011, 1, 10 - rejections)]
+            if sampler != "correct" and rejections == 10:
+                ps = 10.0 ** -rng.uniform(5, 40, 10)
+            power.append({"level": level, "check": check, "pair": pair, "sampler": sampler,
+                          "seeds": 10, "alpha": 0.01, "rejections": rejections,
+                          "rate": rejections / 10, "n": 2000 if level == 3 else n})
+            pvalues += [{"level": level, "check": check, "pair": pair, "sampler": sampler,
+                         "seed": s + 1, "p_value": float(ps[s])} for s in range(10)]
+    for pair in pairs:
+        base = 1.0 / np.arange(1, 201) ** 1.1
+        base /= base.sum() * 1.25  # the top 200 hold 80% of the tokens
+        for sampler in SAMPLERS:
+            tilt = {"correct": 0.03, "accept_all": 0.25, "resample_from_p": 0.1}[sampler]
+            spec = base * np.exp(tilt * rng.normal(size=200))
+            tokens += [{"pair": pair, "sampler": sampler, "rank": r + 1, "token": 1000 + r,
+                        "autoregressive": int(9216 * base[r]),
+                        "speculative": int(9216 * spec[r]), "n_autoregressive": 9216,
+                        "n_speculative": 9216} for r in range(200)]
+        greedy.append({"pair": pair, "prompts": 32, "fraction_equal": 31 / 32,
+                       "divergences": 1, "min_margin": 0.0123})
+    for name, rows in (("levels", levels), ("power", power), ("pvalues", pvalues),
+                       ("tokens", tokens), ("greedy", greedy)):
+        pd.DataFrame(rows).to_csv(stats_dir / f"verification_{name}.csv", index=False)
+    return stats_dir
+
+
 @pytest.fixture
 def stats(tmp_path) -> Path:
     return write_stats(tmp_path / "stats")
@@ -325,6 +407,57 @@ def test_hf_speedup_uses_the_greedy_baseline(spec_stats):
     assert row["speedup"] == pytest.approx(1.0 / row["hf_s"])
 
 
+VERIFICATION_FIGURES = ["verification_tokens", "verification_pvalues"]
+
+
+@pytest.fixture
+def ver_stats(tmp_path) -> Path:
+    """The speculative stage and the verification stage on two pairs."""
+    stats_dir = write_spec_stats(write_stats(tmp_path / "stats_ver"))
+    return write_verification_stats(stats_dir, pairs=("cpu-cpu", "cpu-mps"))
+
+
+def chi_passes(stats_dir: Path) -> Path:
+    """Rewrite the fixture so that the chi-square rejects both wrong samplers everywhere and the
+    log-ratio test misses resample_from_p at some seeds: the flags flip."""
+    levels = pd.read_csv(stats_dir / "verification_levels.csv")
+    chi = (levels["check"] == "two-sample chi-square") & (levels["sampler"] != "correct")
+    levels.loc[chi, "p_value"] = 1e-5
+    levels.loc[chi, "rejected"] = True
+    levels.to_csv(stats_dir / "verification_levels.csv", index=False)
+    power = pd.read_csv(stats_dir / "verification_power.csv")
+    wrong = power["sampler"] != "correct"
+    on_chi = power["check"] == "two-sample chi-square"
+    power.loc[on_chi, "rejections"] = np.where(wrong[on_chi], 10, 0)
+    lr = (power["check"] == "log-ratio t-test") & (power["sampler"] == "resample_from_p")
+    power.loc[lr, "rejections"] = 7
+    power["rate"] = power["rejections"] / power["seeds"]
+    power.to_csv(stats_dir / "verification_power.csv", index=False)
+    return stats_dir
+
+
+def assert_verification_figures(paths: list[Path]) -> None:
+    assert [p.stem for p in paths[::2]] == VERIFICATION_FIGURES
+    for i in range(0, len(paths), 2):
+        assert_written(paths[i:i + 2])
+
+
+def test_verification_figures(ver_stats, tmp_path):
+    assert_verification_figures(figures.verification_figures(ver_stats, tmp_path / "fig"))
+    panels = figures.pvalue_panels(figures.read_verification_table(ver_stats, "pvalues"))
+    assert len(panels) == 6 and panels[0] == (2, "Monte Carlo, one step", "")
+    assert [p[2] for p in panels[2:]] == ["cpu-cpu", "cpu-cpu", "cpu-mps", "cpu-mps"]
+
+
+def test_verification_figures_without_tables(stats, tmp_path):
+    """No verification table, or empty / header-only ones: empty panels, not a traceback."""
+    assert_verification_figures(figures.verification_figures(stats, tmp_path / "none"))
+    (stats / "verification_tokens.csv").write_text("")
+    pd.DataFrame(columns=["level", "check", "pair", "sampler", "seed", "p_value"]).to_csv(
+        stats / "verification_pvalues.csv", index=False)
+    assert_verification_figures(figures.verification_figures(stats, tmp_path / "empty"))
+
+
 def test_backend_colors_are_stable():
     assert figures.backend_color("mps") == figures.BACKEND_COLORS["mps"]
     assert len(set(figures.BACKEND_COLORS.values())) == len(figures.BACKEND_COLORS)
@@ -360,7 +493,8 @@ def test_write_generated_all_files(stats, tmp_path):
     names = {p.name for p in written}
     assert names == {"macros.tex", "tab_environment.tex", "tab_kv.tex", "tab_regimes.tex",
                      "tab_skipped.tex", "tab_settings.tex", "tab_spec_pairs.tex",
-                     "tab_spec_hf.tex", "tab_models.tex"}
+                     "tab_spec_hf.tex", "tab_models.tex", "tab_verification.tex",
+                     "tab_power.tex"}
     for p in written:
         text = p.read_text()
         assert "nan" not in text.lower().replace("nonstopmode", ""), p.name
@@ -490,9 +624,10 @@ def test_models_csv_with_flat_columns(spec_stats, tmp_path):
     assert r"\texttt{target} & -- & -- & 4.00M & 2.50 & 2.90 & -- & -- & 12.0" in models
 
 
-def test_seed_claims_are_labelled_in_the_text():
+@pytest.mark.parametrize("section", ["speculative", "verification"])
+def test_seed_claims_are_labelled_in_the_text(section):
     """The seed's numbers reach the paper only as Seed* macros, in a sentence naming the seed."""
-    text = strip_comments((PAPER / "sections" / "speculative.tex").read_text())
+    text = strip_comments((PAPER / "sections" / f"{section}.tex").read_text())
     uses = [m.start() for m in re.finditer(r"\\Seed[A-Z]", text)]
     assert uses, "the seed's claims are not quoted"
     start = text.index(r"\paragraph{Against the seed.}")
@@ -502,6 +637,14 @@ def test_seed_claims_are_labelled_in_the_text():
     assert "seed study's own reported values" in para and "not measurements of this build" in para
     assert set(paper.seed_macros()) == {f"Seed{n}" for n in (
         "Speedup", "BestK", "FirstK", "AccFirstK", "AccBestK", "NumConfigs", "NumSlower")}
+    assert set(paper.seed_verification_macros()) == {"SeedChi", "SeedChiDof", "SeedChiP",
+                                                     "SeedChiTokens"}
+
+
+def test_seed_macros_only_in_their_sections():
+    for path in tex_sources():
+        if path.stem not in ("speculative", "verification"):
+            assert not re.search(r"\\Seed[A-Z]", strip_comments(path.read_text())), path
 
 
 def test_regimes_table_phase_attribution(stats, tmp_path):
@@ -509,6 +652,84 @@ def test_regimes_table_phase_attribution(stats, tmp_path):
     rows = (tmp_path / "gen" / "tab_regimes.tex").read_text().splitlines()
     mps_gpt2 = next(r for r in rows if r.startswith(r"MPS & \texttt{gpt2-tiny}"))
     assert mps_gpt2.split(" & ")[-2:] == ["1.00", r"6.00 \\"]
+
+
+def test_verification_flag_false_without_tables(spec_stats, tmp_path):
+    m = generate(spec_stats, tmp_path / "gen")
+    assert m["ifVerificationReady"] == "false" and m["VerificationReady"] == "false"
+    assert m["VerChiPCorrect"] == "--" and m["VerPowerLogRatioAcceptAll"] == "--"
+    assert m["ifChiMeetsStandard"] == "false" and m["ifLogRatioMeetsStandard"] == "false"
+    assert m["SeedChi"] == "162.5" and m["SeedChiTokens"] == "9,200"
+    for name in ("tab_verification.tex", "tab_power.tex"):
+        assert r"\emph{no " in (tmp_path / "gen" / name).read_text(), name
+
+
+def test_verification_macros(ver_stats, tmp_path):
+    m = generate(ver_stats, tmp_path / "gen")
+    assert m["ifVerificationReady"] == "true" and m["VerPair"] == r"\texttt{cpu-cpu}"
+    assert m["VerNumPairsRun"] == "2" and m["ifVerMultiPair"] == "true"
+    assert m["VerExactErrCorrect"] == r"\ensuremath{2.2\times10^{-16}}"
+    assert m["VerExactErrWrongMin"] == "0.0157"
+    assert m["VerExactTol"] == r"\ensuremath{1\times10^{-9}}"
+    assert m["ifVerExactPasses"] == "true" and m["ifVerExactRejectsWrong"] == "true"
+    assert m["VerMcSinglePCorrect"] == "0.530"
+    assert m["VerMcSinglePAcceptAll"] == r"\ensuremath{<10^{-300}}"
+    assert m["VerMcBlockPResampleFromP"] == r"\ensuremath{2.2\times10^{-17}}"
+    assert m["VerChiStatCorrect"] == "188" and m["VerChiDofCorrect"] == "200"
+    assert m["VerChiPCorrect"] == "0.720" and m["VerChiPAcceptAll"] == "0.0410"
+    assert m["VerChiNCorrect"] == "9,216" and m["VerLogRatioStatAcceptAll"] == "-11.2"
+    assert m["VerLogRatioPResampleFromP"] == r"\ensuremath{2.1\times10^{-6}}"
+    assert m["VerPowerChiAcceptAll"] == r"40.0\%" and m["VerRejectionsChiCorrect"] == "2 of 10"
+    assert m["VerPowerLogRatioResampleFromP"] == r"100\%"
+    assert m["VerPowerSeeds"] == "10" and m["VerPowerAlpha"] == "0.01"
+    assert m["VerPowerN"] == "2,000" and m["VerRealTop"] == "200"
+    assert m["VerGreedyFraction"] == r"96.9\%" and m["VerGreedyMinMargin"] == "0.0123"
+    assert m["ifVerGreedyAllEqual"] == "false" and m["ifVerGreedyNearTie"] == "false"
+    # the finding: the chi-square misses the wrong samplers and is liberal; the t-test does not
+    assert m["ifChiRejectsWrong"] == "false" and m["ifChiFullPower"] == "false"
+    assert m["ifChiLiberal"] == "true" and m["ifChiMeetsStandard"] == "false"
+    assert m["ifLogRatioRejectsWrong"] == "true" and m["ifLogRatioFullPower"] == "true"
+    assert m["ifLogRatioLiberal"] == "false" and m["ifLogRatioMeetsStandard"] == "true"
+    assert m["ifVerLevelOneAsExpected"] == "true" and m["ifVerLevelTwoAsExpected"] == "true"
+    assert m["ifVerLevelThreeAsExpected"] == "false" and m["ifVerAllAsExpected"] == "false"
+
+
+def test_verification_without_a_real_pair(stats, tmp_path):
+    m = generate(write_verification_stats(stats, pairs=()), tmp_path / "gen")
+    assert m["ifVerificationReady"] == "true" and m["ifVerLevelThreeRan"] == "false"
+    assert m["VerPair"] == "--" and m["VerChiPCorrect"] == "--" and m["VerPowerSeeds"] == "--"
+    assert m["ifVerLevelTwoAsExpected"] == "true" and m["ifVerGreedyRan"] == "false"
+    assert m["ifChiMeetsStandard"] == "false" and m["ifLogRatioMeetsStandard"] == "false"
+    assert_verification_figures(figures.verification_figures(stats, tmp_path / "fig"))
+
+
+def test_verification_flags_flip(ver_stats, tmp_path):
+    m = generate(chi_passes(ver_stats), tmp_path / "gen")
+    assert m["ifChiRejectsWrong"] == "true" and m["ifChiFullPower"] == "true"
+    assert m["ifChiLiberal"] == "false" and m["ifChiMeetsStandard"] == "true"
+    assert m["ifLogRatioFullPower"] == "false" and m["ifLogRatioMeetsStandard"] == "false"
+
+
+def test_verification_tables(ver_stats, tmp_path):
+    paper.write_generated(ver_stats, settings_dict(), tmp_path / "gen")
+    levels = (tmp_path / "gen" / "tab_verification.tex").read_text()
+    assert levels.count(r"\texttt{resample\_from\_p}") == 12  # 6 level-1, 2 level-2, 4 level-3
+    assert r"\textbf{kept} & rejected" in levels  # the chi-square missed a negative control
+    assert r"$\chi^2 = 1{,}450$ & 7 & \ensuremath{<10^{-300}}" in levels
+    assert levels.count(r"\midrule") == 3  # header, then between the three levels
+    assert r"\emph{Level 3: real models, two samples}" in levels
+    power = (tmp_path / "gen" / "tab_power.tex").read_text()
+    assert "rejected at 0.01" in power and "4 / 10 & 40.0\\% & power" in power
+    assert power.count("false rejections") == 6
+
+
+@pytest.mark.parametrize("value, text", [
+    (0.976, "0.976"), (0.0012, "0.00120"), (3.1e-16, r"\ensuremath{3.1\times10^{-16}}"),
+    (0.0, r"\ensuremath{<10^{-300}}"), (float("nan"), "--"),
+    (9.96e-5, r"\ensuremath{1.0\times10^{-4}}"),
+])
+def test_pval(value, text):
+    assert paper.pval(value) == text
 
 
 # -----------------------------------------------------------------------------
@@ -588,11 +809,14 @@ def test_paper_sources_have_no_hand_typed_numbers():
     assert not {k: v for k, v in found.items() if v}, found
 
 
-@pytest.mark.parametrize("scenario", ["without_speculative", "with_speculative"])
+@pytest.mark.parametrize("scenario", ["without_speculative", "with_speculative",
+                                      "with_verification"])
 def test_every_macro_used_in_paper_is_defined(scenario, tmp_path):
     stats = write_stats(tmp_path / "stats")
-    if scenario == "with_speculative":
+    if scenario != "without_speculative":
         write_spec_stats(stats)
+    if scenario == "with_verification":
+        write_verification_stats(stats)
     m = generate(stats, tmp_path / "gen")
     text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
     local = set(re.findall(r"\\(?:re)?newcommand\*?\{?\\([A-Za-z]+)", text))
@@ -614,7 +838,8 @@ def test_every_generated_input_is_produced(stats, tmp_path):
 def test_paper_includes_all_figures_with_provenance():
     text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
     made_by = {"latency": "figures", "kv_speedup": "figures",
-               **{f: r"speculative\_figures" for f in SPEC_FIGURES}}
+               **{f: r"speculative\_figures" for f in SPEC_FIGURES},
+               **{f: r"verification\_figures" for f in VERIFICATION_FIGURES}}
     captions = dict(re.findall(r"\\includegraphics(?:\[[^\]]*\])?\{figures/([a-z_]+)\.pdf\}"
                                r".*?\\caption\{(.*?)\\label\{fig:", text, flags=re.S))
     assert set(captions) == set(made_by)
@@ -631,6 +856,8 @@ def build_paper(stats_dir: Path, tmp_path: Path) -> tuple[Path, str]:
     figures.draw_all(stats_dir, fig_dir)
     if (stats_dir / "speculative_speedup.csv").exists():
         figures.speculative_figures(stats_dir, fig_dir)
+    if (stats_dir / "verification_levels.csv").exists():
+        figures.verification_figures(stats_dir, fig_dir)
     pdf = paper.build(PAPER, stats_dir, fig_dir, settings_dict(), tmp_path / "build",
                       tmp_path / "paper.pdf")
     return pdf, (tmp_path / "build" / "paper.log").read_text(errors="replace")
@@ -644,22 +871,35 @@ def overfull(log: str, tolerance_pt: float = 3.0) -> list[str]:
 @pytest.mark.skipif(shutil.which("latexmk") is None,
                     reason="latexmk not on PATH: install TeX Live (latexmk, pdflatex, bibtex)")
 @pytest.mark.parametrize("scenario", ["two_backends_spikes", "two_backends_speculative",
-                                      "cpu_only_speculative_one_pair", "nothing_ran"])
+                                      "cpu_only_speculative_one_pair", "nothing_ran",
+                                      "two_backends_speculative_verification",
+                                      "cpu_only_speculative_verification_chi_passes",
+                                      "cpu_only_speculative_verification_no_pair"])
 def test_paper_compiles(scenario, tmp_path):
     backends, spikes = (("cpu", "mps"), True) if scenario.startswith("two") else (("cpu",), False)
     stats_dir = write_stats(tmp_path / "stats", backends=backends, spikes=spikes)
     if scenario == "nothing_ran":
         empty_tables(stats_dir)
-    if scenario == "two_backends_speculative":
+    if scenario.startswith("two_backends_speculative"):
         write_spec_stats(stats_dir)
-    if scenario == "cpu_only_speculative_one_pair":
+    if scenario.startswith("cpu_only_speculative"):
         write_spec_stats(stats_dir, pairs=("cpu-cpu",), backends=("cpu",), hf=False)
+    verified = "verification" in scenario
+    if scenario == "two_backends_speculative_verification":
+        write_verification_stats(stats_dir, pairs=("cpu-cpu", "cpu-mps"))
+    if scenario.endswith("chi_passes"):
+        chi_passes(write_verification_stats(stats_dir))
+    if scenario.endswith("no_pair"):  # levels 1 and 2 only: no pair could run level 3
+        write_verification_stats(stats_dir, pairs=())
     pdf, log = build_paper(stats_dir, tmp_path)
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 50_000
     built = (tmp_path / "build" / "generated" / "macros.tex").read_text()
     ready = "speculative" in scenario
     assert (r"\SpeculativeReadytrue" in built) == ready
     assert ("figures/acceptance.pdf" in log) == ready  # the figure was actually included
+    assert (r"\VerificationReadytrue" in built) == verified
+    for fig in VERIFICATION_FIGURES:  # both belong to the real-model level
+        assert (f"figures/{fig}.pdf" in log) == (verified and not scenario.endswith("no_pair"))
     assert not overfull(log), f"overfull boxes (pt): {overfull(log)}"
     assert not re.search(r"LaTeX Warning: (Reference|Citation) .* undefined", log)
 

@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from decodelab.regimes import OUTPUT_COLUMNS, detect_spikes, local_trend, spike_summary
+from decodelab.regimes import OUTPUT_COLUMNS, detect_spikes, local_trend
 
 BUDGETS = np.array([8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512], dtype=float)
 LINEAR = 40.0 + 2.5 * BUDGETS  # prefill + per-token cost, ms
@@ -172,14 +172,6 @@ def test_p_value_gates_only_from_three_repeats():
     assert not np.isnan(two["p_value"]) and two["spike"]  # no p requirement below 3 repeats
     one = row([1.6])
     assert np.isnan(one["p_value"]) and one["spike"] and one["n_repeats"] == 1
-
-
-def test_spike_summary_keeps_spikes_sorted_by_ratio():
-    df = make_frame(LINEAR, seed=3, repeats=4, spikes={3: 3.0, 6: 21.0, 9: 8.0})
-    summary = spike_summary(detect_spikes(df, "ms", by=[]))
-    assert list(summary["budget"]) == [96.0, 256.0, 32.0]
-    assert summary["spike"].all()
-    assert summary["ratio_median"].is_monotonic_decreasing
 
 
 def test_bad_input_is_refused():

@@ -92,12 +92,8 @@ def regimes(args):
 
 def figures(args):
     from . import figures as fg
-    from .io import read_table
 
-    stats_dir, out = Path(args.stats), Path(args.out)
-    fg.latency_figure(read_table(stats_dir / "latency.csv"),
-                      read_table(stats_dir / "regimes.csv"), out / "latency")
-    fg.kv_figure(read_table(stats_dir / "kv_speedup.csv"), out / "kv_speedup")
+    fg.draw_all(Path(args.stats), Path(args.out))
 
 
 def speculative(args):
@@ -153,6 +149,46 @@ def speculative_stats(args):
     write_table(stats.hf_table(proc, runs, ci), out / "speculative_hf.csv")
     par = pd.concat([read_table(p) for p in args.parallelism], ignore_index=True)
     write_table(stats.parallelism_table(par, ci), out / "speculative_parallelism.csv")
+
+
+def verify(args):
+    import torch
+
+    from . import verify as vf
+    from .io import write_json
+
+    spec = json.loads(args.spec)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.level == "exact":
+        out = vf.run_exact(spec, args.target_dir, args.draft_dir, spec["seed"])
+    elif args.level == "monte-carlo":
+        out = vf.run_monte_carlo(spec)
+    else:
+        pair = json.loads(args.pair_spec)
+        require_backends(pair["target_device"], pair["draft_device"])
+        out = vf.run_real(spec, args.pair, pair, args.target_dir, args.draft_dir, spec["seed"])
+    write_json(out, args.out)
+
+
+def verification_stats(args):
+    import pandas as pd
+
+    from .io import write_table
+
+    reports = [json.loads(Path(p).read_text()) for p in args.reports]
+    out = Path(args.out)
+    for key, name in [("results", "levels"), ("power", "power"), ("pvalues", "pvalues"),
+                      ("tokens", "tokens"), ("greedy", "greedy")]:
+        rows = [r for report in reports for r in report.get(key, [])]
+        table = pd.DataFrame(rows).drop(columns=["detail"], errors="ignore")
+        write_table(table, out / f"verification_{name}.csv")
+
+
+def verification_figures(args):
+    from . import figures as fg
+
+    fg.verification_figures(Path(args.stats), Path(args.out))
 
 
 def bench(args):
@@ -290,6 +326,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", nargs="+", required=True)
     p.add_argument("--parallelism", nargs="+", required=True)
     p.set_defaults(func=speculative_stats)
+
+    p = verbs.add_parser("verify", help="one level of the equivalence verification, as JSON")
+    p.add_argument("--level", required=True, choices=["exact", "monte-carlo", "real"])
+    p.add_argument("--spec", required=True, help="the verification settings, as JSON")
+    p.add_argument("--target-dir")
+    p.add_argument("--draft-dir")
+    p.add_argument("--pair", help="the configuration's name (level real)")
+    p.add_argument("--pair-spec", help="devices and dtype, as JSON (level real)")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=verify)
+
+    p = verbs.add_parser("verify-stats", help="flatten the verification reports into tables")
+    p.add_argument("--out", required=True, help="the stats directory")
+    p.add_argument("reports", nargs="+")
+    p.set_defaults(func=verification_stats)
+
+    p = verbs.add_parser("verify-figures", help="draw the verification figures")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=verification_figures)
 
     p = verbs.add_parser("bench", help="speculative vs HF assisted vs plain decoding, as ratios")
     p.add_argument("--target-dir", required=True)

@@ -253,9 +253,3 @@ def detect_spikes(
     out["n_repeats"] = out["n_repeats"].astype(int)
     out["spike"] = out["spike"].astype(bool)
     return out
-
-
-def spike_summary(regimes: pd.DataFrame) -> pd.DataFrame:
-    """Only the spike rows of `detect_spikes` output, largest median ratio first."""
-    spikes = regimes[regimes["spike"].astype(bool)]
-    return spikes.sort_values("ratio_median", ascending=False, kind="stable").reset_index(drop=True)

@@ -102,21 +102,23 @@ def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
 
 
 def verify(target, cache: DynamicCache, ids: torch.Tensor, draft_tokens: torch.Tensor,
-           draft_probs: torch.Tensor, s: Sampling,
-           generator: torch.Generator | None) -> tuple[int, int]:
+           draft_probs: torch.Tensor, s: Sampling, generator: torch.Generator | None,
+           accept=speculative_accept) -> tuple[int, int]:
     k = len(draft_tokens)
     logits = feed(target, cache, torch.cat([ids, draft_tokens]))[-(k + 1):]
     if s.greedy:
         return greedy_accept(logits, draft_tokens)
     p = warp(logits, s.temperature, s.top_k, s.top_p)
-    return speculative_accept(p, draft_probs.to(p.device), draft_tokens, generator)
+    return accept(p, draft_probs.to(p.device), draft_tokens, generator)
 
 
 @torch.inference_mode()
 def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling = Sampling(),
              draft_generator: torch.Generator | None = None,
-             target_generator: torch.Generator | None = None) -> Result:
-    """Exactly `budget` new tokens after `prompt` (no EOS stop), K draft tokens per target call."""
+             target_generator: torch.Generator | None = None,
+             accept=speculative_accept) -> Result:
+    """Exactly `budget` new tokens after `prompt` (no EOS stop), K draft tokens per target call.
+    `accept` is the rejection rule; verification swaps in deliberately wrong ones."""
     check_vocab(target, draft)
     t_dev, d_dev = device_of(target), device_of(draft)
     t_cache, d_cache = DynamicCache(config=target.config), DynamicCache(config=draft.config)
@@ -132,7 +134,7 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
         t1 = now(d_dev)
         draft_tokens = draft_tokens.to(t_dev)
         n, nxt = verify(target, t_cache, pending(seq, t_cache, t_dev), draft_tokens, draft_probs,
-                        s, target_generator)
+                        s, target_generator, accept)
         t2 = now(t_dev)
         seq += draft_tokens[:n].tolist() + [nxt]
         rollback(t_cache, len(seq) - 1)

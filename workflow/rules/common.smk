@@ -138,6 +138,7 @@ def paper_settings():
         "regimes": config["regimes"],
         "stats": config["stats"],
         "speculative": SPEC,
+        "verification": config["verification"],
     }
 
 
@@ -177,3 +178,30 @@ def parallelism_runs(wildcards):
         for backend, model, _ in parallelism_targets()
         for r in range(SPEC["repeats"])
     ]
+
+
+VERIFY = config["verification"]
+VERIFY_PAIRS = [p for p in VERIFY["pairs"] if p in PAIRS]
+# The exact level reads real (p, q) rows from the first configuration's models.
+VERIFY_MODELS = [SPEC["pairs"][VERIFY["pairs"][0]][role] for role in ("target", "draft")]
+
+
+def check_verification_pairs():
+    for name in VERIFY["pairs"]:
+        if name not in SPEC["pairs"]:
+            raise WorkflowError(f"config 'verification.pairs': no pair named {name!r} in "
+                                "'speculative.pairs'")
+
+
+check_verification_pairs()
+
+
+def verification_spec():
+    return {**{k: v for k, v in VERIFY.items() if k != "pairs"}, "seed": config["seed"]}
+
+
+def verification_reports(wildcards):
+    return [
+        f"results/{HOST}/verification/exact.json",
+        f"results/{HOST}/verification/monte_carlo.json",
+    ] + [f"results/{HOST}/verification/real_{pair}.json" for pair in VERIFY_PAIRS]

@@ -37,3 +37,23 @@ rule speculative_figures:
         "logs/{host}/speculative_figures.log",
     shell:
         "decodelab spec-figures --stats {params.stats} --out {params.out} 2> {log}"
+
+
+rule verification_figures:
+    input:
+        expand(
+            "results/{{host}}/stats/verification_{table}.csv",
+            table=["levels", "power", "pvalues", "tokens", "greedy"],
+        ),
+    output:
+        multiext("results/{host}/figures/verification_tokens", ".pdf", ".png"),
+        multiext("results/{host}/figures/verification_pvalues", ".pdf", ".png"),
+    params:
+        stats=lambda wc, input: os.path.dirname(input[0]),
+        out=lambda wc, output: os.path.dirname(output[0]),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/verification_figures.log",
+    shell:
+        "decodelab verify-figures --stats {params.stats} --out {params.out} 2> {log}"

@@ -19,12 +19,14 @@ rule paper:
             "results/{host}/stats/{table}.csv",
             host=HOST,
             table=["latency", "kv_speedup", "regimes", "environment", "skipped", "models"]
-            + [f"speculative_{t}" for t in ("acceptance", "speedup", "theory", "hf", "parallelism")],
+            + [f"speculative_{t}" for t in ("acceptance", "speedup", "theory", "hf", "parallelism")]
+            + [f"verification_{t}" for t in ("levels", "power", "pvalues", "tokens", "greedy")],
         ),
         figures=expand(
             "results/{host}/figures/{fig}.pdf",
             host=HOST,
-            fig=["latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory"],
+            fig=["latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory"]
+            + ["verification_tokens", "verification_pvalues"],
         ),
     output:
         "results/paper/paper.pdf",

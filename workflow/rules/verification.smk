@@ -1,0 +1,80 @@
+# Distribution equivalence of speculative sampling: exact closed forms, Monte Carlo, and the
+# real model (two samples and greedy agreement) per draft/target configuration the host has.
+
+
+rule verify_exact:
+    input:
+        target=f"results/models/{VERIFY_MODELS[0]}",
+        draft=f"results/models/{VERIFY_MODELS[1]}",
+    output:
+        "results/{host}/verification/exact.json",
+    params:
+        spec=as_arg(verification_spec()),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/verification/exact.log",
+    benchmark:
+        "benchmarks/{host}/verification/exact.tsv"
+    shell:
+        "decodelab verify --level exact --spec {params.spec} --target-dir {input.target}"
+        " --draft-dir {input.draft} --out {output} 2> {log}"
+
+
+rule verify_monte_carlo:
+    output:
+        "results/{host}/verification/monte_carlo.json",
+    params:
+        spec=as_arg(verification_spec()),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/verification/monte_carlo.log",
+    benchmark:
+        "benchmarks/{host}/verification/monte_carlo.tsv"
+    shell:
+        "decodelab verify --level monte-carlo --spec {params.spec} --out {output} 2> {log}"
+
+
+rule verify_real:
+    input:
+        target=lambda wc: f"results/models/{PAIRS[wc.pair]['target']}",
+        draft=lambda wc: f"results/models/{PAIRS[wc.pair]['draft']}",
+    output:
+        "results/{host}/verification/real_{pair}.json",
+    params:
+        spec=as_arg(verification_spec()),
+        pair=lambda wc: as_arg(PAIRS[wc.pair]),
+    threads: lambda wc: workflow.cores if "cpu" in pair_devices(wc) else 1
+    resources:
+        bench_cpu=lambda wc: int("cpu" in pair_devices(wc)),
+        gpu=lambda wc: int("cuda" in pair_devices(wc)),
+        mps=lambda wc: int("mps" in pair_devices(wc)),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/verification/real_{pair}.log",
+    benchmark:
+        "benchmarks/{host}/verification/real_{pair}.tsv"
+    shell:
+        "decodelab verify --level real --spec {params.spec} --target-dir {input.target}"
+        " --draft-dir {input.draft} --pair {wildcards.pair} --pair-spec {params.pair}"
+        " --threads {threads} --out {output} 2> {log}"
+
+
+rule verification_stats:
+    input:
+        verification_reports,
+    output:
+        expand(
+            "results/{{host}}/stats/verification_{table}.csv",
+            table=["levels", "power", "pvalues", "tokens", "greedy"],
+        ),
+    params:
+        out=lambda wc, output: os.path.dirname(output[0]),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/verification_stats.log",
+    shell:
+        "decodelab verify-stats --out {params.out} {input} 2> {log}"
