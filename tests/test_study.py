@@ -5,9 +5,6 @@ import pytest
 
 from decodelab import models, stats, study
 
-TINY = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128,
-        "vocab_size": 512, "corpus_mb": 0.3, "seq_len": 32, "batch_size": 4, "steps": 10,
-        "lr": 0.003, "seed": 1}
 SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
         "top_p": 1.0, "prompts": 2, "prompt_len": 8, "budget": 12, "hf_assisted": True,
         "seed": 3}
@@ -16,17 +13,8 @@ CI = (0.9, 200, 0)
 
 
 @pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    models.prepare(TINY, root / "target")
-    draft = TINY | {"n_embd": 16, "steps": 5, "seed": 2, "teacher": "target", "distill": 0.5}
-    models.prepare(draft, root / "draft", teacher_dir=root / "target")
-    return str(root / "target"), str(root / "draft")
-
-
-@pytest.fixture(scope="module")
-def runs(pair_dirs):
-    parts = [study.run(*pair_dirs, "cpu-cpu", PAIR, SPEC, repeat=r, progress=False)
+def runs(tiny_pair):
+    parts = [study.run(*tiny_pair, "cpu-cpu", PAIR, SPEC, repeat=r, progress=False)
              for r in range(2)]
     return pd.concat(parts, ignore_index=True)
 
@@ -69,8 +57,8 @@ def test_alpha_inversion_recovers_the_planted_value():
             assert abs(got - alpha) < 1e-6
 
 
-def test_parallelism_rows_time_one_and_k_plus_one_tokens(pair_dirs):
-    model = models.load(pair_dirs[0], "cpu")
+def test_parallelism_rows_time_one_and_k_plus_one_tokens(tiny_pair):
+    model = models.load(tiny_pair[0], "cpu")
     rows = study.parallelism(model, ks=[1, 4], context=16, inner=3, seed=0)
     assert sorted(rows["tokens"].unique()) == [1, 2, 5]
     assert (rows.groupby("tokens").size() == 3).all() and (rows["seconds"] > 0).all()

@@ -1,13 +1,8 @@
 """The verification stage's runner: every level emits rows for the right and the wrong rules,
 and each wrong rule is rejected where the level has the power to."""
 
-import pytest
+from decodelab import verify
 
-from decodelab import models, verify
-
-TINY = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128,
-        "vocab_size": 512, "corpus_mb": 0.3, "seq_len": 32, "batch_size": 4, "steps": 10,
-        "lr": 0.003, "seed": 1}
 SPEC = {"k": 2, "alpha": 0.01, "seeds": 3, "seed": 5,
         "exact": {"random_pairs": 12, "vocab_sizes": [2, 50], "concentrations": [0.5, 5.0],
                   "real_positions": 40, "block_vocab": 2, "block_ks": [1, 2]},
@@ -17,28 +12,15 @@ SPEC = {"k": 2, "alpha": 0.01, "seeds": 3, "seed": 5,
 PAIR = {"target_device": "cpu", "draft_device": "cpu", "dtype": "float32"}
 
 
-@pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    models.prepare(TINY, root / "target")
-    draft = TINY | {"n_embd": 16, "steps": 5, "seed": 2, "teacher": "target", "distill": 1.0}
-    models.prepare(draft, root / "draft", teacher_dir=root / "target")
-    return str(root / "target"), str(root / "draft")
-
-
-def verdicts(report):
-    return {(r["check"], r["sampler"]): r["rejected"] for r in report["results"]}
-
-
-def test_exact_level_passes_the_rule_and_fails_both_controls(pair_dirs):
-    report = verify.run_exact(SPEC, *pair_dirs, seed=0)
+def test_exact_level_passes_the_rule_and_fails_both_controls(tiny_pair):
+    report = verify.run_exact(SPEC, *tiny_pair, seed=0)
     rows = report["results"]
     assert {r["check"] for r in rows} >= {"one step, Dirichlet pairs", "one step, edge cases",
                                           "one step, real pairs", "block K=1", "block K=2"}
     assert all(r["rejected"] == r["expected_rejected"] for r in rows)
 
 
-def test_monte_carlo_level_and_its_power(pair_dirs):
+def test_monte_carlo_level_and_its_power(tiny_pair):
     report = verify.run_monte_carlo(SPEC)
     assert all(r["rejected"] == r["expected_rejected"] for r in report["results"])
     rates = {(p["check"], p["sampler"]): p["rate"] for p in report["power"]}
@@ -46,8 +28,8 @@ def test_monte_carlo_level_and_its_power(pair_dirs):
     assert len(report["pvalues"]) == 2 * 3 * SPEC["seeds"]
 
 
-def test_real_level_reports_both_tests_greedy_and_power(pair_dirs):
-    report = verify.run_real(SPEC, "cpu-cpu", PAIR, *pair_dirs, seed=0)
+def test_real_level_reports_both_tests_greedy_and_power(tiny_pair):
+    report = verify.run_real(SPEC, "cpu-cpu", PAIR, *tiny_pair, seed=0)
     checks = {(r["check"], r["sampler"]) for r in report["results"]}
     assert ("two-sample chi-square", "correct") in checks
     assert ("log-ratio t-test", "resample_from_p") in checks

@@ -1,0 +1,18 @@
+import pytest
+
+from decodelab import models
+
+TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128,
+              "vocab_size": 512, "corpus_mb": 0.3, "seq_len": 32, "batch_size": 4, "steps": 10,
+              "lr": 0.003, "seed": 1}
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> tuple[str, str]:
+    """A `train` target and a draft distilled from it, tiny: (target_dir, draft_dir)."""
+    root = tmp_path_factory.mktemp("pair")
+    models.prepare(TINY_TRAIN, root / "target")
+    draft = TINY_TRAIN | {"n_embd": 16, "steps": 5, "seed": 2, "teacher": "target",
+                          "distill": 1.0}
+    models.prepare(draft, root / "draft", teacher_dir=root / "target")
+    return str(root / "target"), str(root / "draft")
