@@ -10,11 +10,12 @@ import random
 import pandas as pd
 import torch
 from tqdm import tqdm
+from transformers import DynamicCache
 
 from . import models
 from .decode import decode
 from .devices import fingerprint, now
-from .speculative import Sampling, check_vocab, feed, generate
+from .speculative import Sampling, check_vocab, feed, generate, rollback
 from .train import heldout_prompts
 
 
@@ -113,10 +114,6 @@ def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: dict,
 @torch.inference_mode()
 def parallelism(model, ks: list[int], context: int, inner: int, seed: int) -> pd.DataFrame:
     """Target forward time on K+1 tokens over its time on 1 token at the same context length."""
-    from transformers import DynamicCache
-
-    from .speculative import rollback
-
     device = model.device
     gen = torch.Generator().manual_seed(seed)
     ctx = torch.randint(0, model.config.vocab_size, (context + max(ks) + 1,), generator=gen)

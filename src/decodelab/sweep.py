@@ -15,7 +15,7 @@ from transformers import AutoConfig
 
 from . import models
 from .decode import decode
-from .devices import fingerprint, memory_snapshot, reset_peak_memory, synchronize
+from .devices import fingerprint, memory_snapshot, reset_peak_memory
 from .errors import DecodelabError
 
 
@@ -59,8 +59,7 @@ def warm_up(model, prompts: dict[int, torch.Tensor], caches: Iterable[bool], bud
 
 def measure(model, prompt: torch.Tensor, cfg: dict, device: str) -> dict:
     reset_peak_memory(device)
-    out = decode(model, prompt, cfg["budget"], use_cache=cfg["use_cache"])
-    synchronize(device)
+    out = decode(model, prompt, cfg["budget"], use_cache=cfg["use_cache"])  # ends synchronized
     steps = np.asarray(out.step_s) if out.step_s else np.asarray([np.nan])
     return {
         **cfg,
