@@ -62,3 +62,12 @@ def test_sweep_measures_cache_on_only(model_dir):
     df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", SPEC, repeat=0, experiment="sweep",
                    progress=False)
     assert df["use_cache"].all() and len(df) == 4
+
+
+def test_several_dtypes_are_measured_in_one_process_each_with_its_own_order(model_dir):
+    spec = SPEC | {"dtype": ["float32", "bfloat16"], "inner_repeats": 1}
+    df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", spec, repeat=0, experiment="sweep",
+                   progress=False)
+    assert sorted(df["dtype"].unique()) == ["bfloat16", "float32"]
+    assert (df.groupby("dtype").size() == 2).all()
+    assert df.groupby("dtype")["shuffle_seed"].first().nunique() == 2

@@ -232,6 +232,7 @@ def test_heldout_prompts_need_a_train_model(tmp_path):
     ({"corpus_mb": 0}, "corpus_mb"),
     ({"distill": 0.5}, "distill"),
     ({"teacher": "target"}, "teacher"),
+    ({"device": "tpu"}, "device"),
 ])
 def test_bad_spec_names_the_key(tmp_path, change, key):
     spec = {k: v for k, v in (TINY | change).items() if v is not None}
@@ -244,3 +245,10 @@ def test_draft_vocab_must_match_the_teacher(pair, tmp_path):
     target, _ = pair
     with pytest.raises(DecodelabError, match="'vocab_size'"):
         models.prepare(DRAFT | {"vocab_size": 512}, tmp_path / "d", teacher_dir=target)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+def test_training_on_an_absent_device_is_a_clear_error(tmp_path):
+    with pytest.raises(DecodelabError, match="'device' is 'cuda', which is not available"):
+        models.prepare(TINY | {"device": "cuda"}, tmp_path / "m")
+    assert not (tmp_path / "m").exists()

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from decodelab.devices import backend_available
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 PROFILES = [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]
@@ -50,11 +52,30 @@ def write_config(workdir: Path, **changes) -> Path:
     return path
 
 
+def swept_backends(profile: Path) -> list[str]:
+    config = yaml.safe_load(profile.read_text())
+    return config["sweep"].get("backends", config["backends"])
+
+
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
 def test_every_profile_dry_runs(workdir, profile):
-    out = snakemake(workdir, "-n", "--configfile", str(profile))
+    out = snakemake(workdir, "-n", "--configfile", str(profile), check=False)
+    if not any(backend_available(b) for b in swept_backends(profile)):
+        assert out.returncode != 0 and "config 'sweep.backends'" in out.stderr + out.stdout
+        return
+    assert out.returncode == 0, out.stderr
     jobs = planned_jobs(out.stdout)
     assert jobs["paper"] == 1 and jobs["sweep"] > 0
+
+
+def test_ablation_models_limit_the_cache_off_jobs(workdir):
+    sweep = yaml.safe_load((ROOT / "config.yaml").read_text())["sweep"]
+    config = write_config(workdir, sweep=sweep | {"ablation_models": ["opt-tiny"], "repeats": 2})
+    jobs = planned_jobs(snakemake(workdir, "-n", "--configfile", str(config)).stdout)
+    assert jobs["sweep"] == 2 * len(sweep["models"]) + 2
+    config = write_config(workdir, sweep=sweep | {"ablation_models": ["target"]})
+    out = snakemake(workdir, "-n", "--configfile", str(config), check=False)
+    assert out.returncode != 0 and "'sweep.ablation_models'" in out.stderr + out.stdout
 
 
 def test_unknown_key_is_rejected_before_any_job_naming_the_key(workdir):

@@ -262,6 +262,11 @@ def init_models(settings: dict) -> list[str]:
     return [m for m, spec in settings.get("models", {}).items() if spec.get("source") == "init"]
 
 
+def dtype_names(settings: dict) -> list[str]:
+    dtype = settings.get("dtype", NONE)
+    return [dtype] if isinstance(dtype, str) else list(dtype)
+
+
 def settings_macros(settings: dict) -> dict[str, str]:
     budgets = sorted(int(b) for b in settings.get("budgets", []))
     prompts = sorted(int(p) for p in settings.get("prompt_lengths", []))
@@ -275,7 +280,7 @@ def settings_macros(settings: dict) -> dict[str, str]:
         "NumModels": str(len(models)),
         "NumInitModels": str(len(init_models(settings))),
         "ModelNames": human_list([f"\\texttt{{{tex_escape(m)}}}" for m in models]),
-        "Dtype": f"\\texttt{{{tex_escape(settings.get('dtype', NONE))}}}",
+        "Dtype": human_list([f"\\texttt{{{tex_escape(d)}}}" for d in dtype_names(settings)]),
         "PromptLengths": human_list([str(p) for p in prompts], empty=NONE),
         "NumPromptLengths": str(len(prompts)),
         "Budgets": budget_list(budgets),

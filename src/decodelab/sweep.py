@@ -75,22 +75,35 @@ def measure(model, prompt: torch.Tensor, cfg: dict, device: str) -> dict:
     }
 
 
+def dtypes(spec: dict) -> list[str]:
+    """`dtype` is one name or a list measured one after another in the same process."""
+    return [spec["dtype"]] if isinstance(spec["dtype"], str) else list(spec["dtype"])
+
+
 def run(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
         experiment: str, progress: bool = True) -> pd.DataFrame:
-    """Measure the whole grid of `spec` once, in this process; one row per configuration."""
-    caches = [True, False] if experiment == "ablation" else [True]
-    manifest = models.read_manifest(model_dir)
+    """Measure the whole grid of `spec` once per dtype, in this process; one row per
+    configuration."""
     check_positions(AutoConfig.from_pretrained(model_dir), spec["budgets"],
                     spec["prompt_lengths"], model_name)
+    return pd.concat([run_dtype(model_dir, model_name, backend, {**spec, "dtype": dtype}, repeat,
+                                experiment, index, progress)
+                      for index, dtype in enumerate(dtypes(spec))], ignore_index=True)
+
+
+def run_dtype(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
+              experiment: str, index: int, progress: bool) -> pd.DataFrame:
+    caches = [True, False] if experiment == "ablation" else [True]
+    manifest = models.read_manifest(model_dir)
     model = models.load(model_dir, backend, spec["dtype"])
     vocab = model.config.vocab_size
     prompts = {p: make_prompt(vocab, p, spec["seed"], backend) for p in spec["prompt_lengths"]}
-    shuffle_seed = spec["seed"] + 7919 * repeat
+    shuffle_seed = spec["seed"] + 7919 * repeat + 104_729 * index
     grid = shuffled(make_grid(spec["budgets"], spec["prompt_lengths"], caches,
                               spec["inner_repeats"]), shuffle_seed)
     warm_up(model, prompts, caches, min(spec["budgets"]), spec["warmup"])
     rows = []
-    label = f"{experiment} {backend}/{model_name} rep{repeat}"
+    label = f"{experiment} {backend}/{model_name} {spec['dtype']} rep{repeat}"
     for order, cfg in enumerate(tqdm(grid, desc=label, disable=not progress, mininterval=1)):
         rows.append({"order": order, **measure(model, prompts[cfg["prompt_len"]], cfg, backend)})
     meta = {

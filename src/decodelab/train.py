@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from .devices import backend_available, device_name, why_unavailable
 from .errors import DecodelabError
 
 EOT = "<|endoftext|>"
@@ -39,7 +40,7 @@ REQUIRED = {
     "vocab_size": int, "corpus_mb": (int, float), "seq_len": int, "batch_size": int,
     "steps": int, "lr": (int, float), "seed": int,
 }
-OPTIONAL = {"teacher": str, "distill": (int, float)}
+OPTIONAL = {"teacher": str, "distill": (int, float), "device": str}
 
 Files = list[tuple[str, bytes]]  # (path relative to the stdlib, contents)
 
@@ -79,6 +80,8 @@ def validate(spec: dict, teacher_dir: Path | None) -> None:
         raise bad("distill", f"must be in [0, 1], not {spec['distill']}")
     if "distill" in spec and "teacher" not in spec:
         raise bad("distill", "needs a 'teacher' to distill from")
+    if spec.get("device", "cpu") not in ("cpu", "cuda", "mps"):
+        raise bad("device", f"must be cpu, cuda or mps, not {spec['device']!r}")
     if "teacher" in spec and teacher_dir is None:
         raise bad("teacher", f"names {spec['teacher']!r} but no teacher directory was given")
 
@@ -317,6 +320,16 @@ def load_teacher(teacher_dir: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(teacher_dir, use_safetensors=True).eval()
 
 
+def training_device(spec: dict) -> str:
+    device = spec.get("device", "cpu")
+    if not backend_available(device):
+        raise DecodelabError(f"train model spec: key 'device' is {device!r}, which is not "
+                             f"available here ({why_unavailable(device)})")
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: minutes, not tens of minutes
+    return device
+
+
 def prepare_train(out: Path, spec: dict, teacher_dir: Path | None) -> None:
     """Train a GPT-2 LM (and its tokenizer, unless a teacher lends its own) into `out`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -325,6 +338,7 @@ def prepare_train(out: Path, spec: dict, teacher_dir: Path | None) -> None:
 
     teacher_dir = Path(teacher_dir) if teacher_dir is not None else None
     validate(spec, teacher_dir)
+    device = training_device(spec)
     start = time.perf_counter()
     files = corpus_files(spec["corpus_mb"])
     train_files, held_files = split(files)
@@ -339,7 +353,7 @@ def prepare_train(out: Path, spec: dict, teacher_dir: Path | None) -> None:
         if vocab != spec["vocab_size"]:
             raise DecodelabError(f"train model spec: key 'vocab_size' ({spec['vocab_size']}) "
                                  f"differs from the teacher's ({vocab})")
-        teacher = load_teacher(teacher_dir)
+        teacher = load_teacher(teacher_dir).to(device)
     else:
         tokenizer = train_tokenizer(train_texts, spec["vocab_size"])
         tokenizer.save_pretrained(out)
@@ -348,7 +362,7 @@ def prepare_train(out: Path, spec: dict, teacher_dir: Path | None) -> None:
     heldout = token_stream(encode(tokenizer, held_texts), eot)
 
     torch.manual_seed(spec["seed"])
-    model = AutoModelForCausalLM.from_config(gpt2_config(spec, tokenizer))
+    model = AutoModelForCausalLM.from_config(gpt2_config(spec, tokenizer)).to(device)
     train_start = time.perf_counter()
     losses = train(model, data, spec, teacher)
     train_seconds = time.perf_counter() - train_start
@@ -357,7 +371,7 @@ def prepare_train(out: Path, spec: dict, teacher_dir: Path | None) -> None:
     info = dict(
         source="train", spec=spec, family="gpt2", parameters=count_parameters(model),
         python=platform.python_version(), torch=torch.__version__,
-        threads=torch.get_num_threads(),
+        threads=torch.get_num_threads(), device=device, device_name=device_name(device),
         corpus=dict(root=str(stdlib_root()), sha256=corpus_digest(files), files=len(files),
                     bytes=sum(len(d) for _, d in files), train_files=len(train_texts),
                     heldout_files=len(held_texts), train_tokens=len(data),

@@ -53,6 +53,9 @@ def check_model_names():
     for key, name in named:
         if name not in config["models"]:
             raise WorkflowError(f"config '{key}': no model named {name!r} in 'models'")
+    for name in SWEEP.get("ablation_models", []):
+        if name not in MODELS:
+            raise WorkflowError(f"config 'sweep.ablation_models': {name!r} is not in sweep.models")
 
 
 check_model_names()
@@ -117,15 +120,21 @@ def sweep_spec():
     return {**{k: SWEEP[k] for k in keys}, "seed": config["seed"]}
 
 
+SWEEP_BACKENDS = [b for b in SWEEP.get("backends", BACKENDS) if b in BACKENDS]
+if not SWEEP_BACKENDS:
+    raise WorkflowError(f"none of config 'sweep.backends' ({', '.join(SWEEP['backends'])}) is "
+                        f"available on this host ({HOST})")
+ABLATION_MODELS = SWEEP.get("ablation_models", MODELS)
+
+
 def raw_runs(wildcards):
-    return expand(
-        "results/{host}/{backend}/{experiment}/{model}/rep{repeat}.parquet",
-        host=HOST,
-        backend=BACKENDS,
-        experiment=EXPERIMENTS,
-        model=MODELS,
-        repeat=range(SWEEP["repeats"]),
-    )
+    return [
+        f"results/{HOST}/{backend}/{experiment}/{model}/rep{repeat}.parquet"
+        for backend in SWEEP_BACKENDS
+        for experiment in EXPERIMENTS
+        for model in (MODELS if experiment == "sweep" else ABLATION_MODELS)
+        for repeat in range(SWEEP["repeats"])
+    ]
 
 
 def paper_settings():

@@ -7,6 +7,9 @@ rule prepare_model:
         spec=lambda wc: as_arg(config["models"][wc.model]),
         teacher=lambda wc, input: f"--teacher-dir {input.teacher}" if input.teacher else "",
     threads: lambda wc: workflow.cores if config["models"][wc.model]["source"] == "train" else 1
+    resources:
+        gpu=lambda wc: int(config["models"][wc.model].get("device") == "cuda"),
+        mps=lambda wc: int(config["models"][wc.model].get("device") == "mps"),
     conda:
         "../../envs/decodelab.yaml"
     log:
