@@ -4,7 +4,12 @@ from snakemake.utils import min_version, validate
 min_version("9.5")
 
 
-configfile: "config.yaml"
+# A --configfile replaces the embedded default instead of merging into it: Snakemake merges
+# nested mappings, which would add the default's models and pairs to another profile's.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
+
 
 
 validate(config, "workflow/schemas/config.schema.yaml")
