@@ -20,7 +20,8 @@ rule paper:
             host=HOST,
             table=["latency", "kv_speedup", "regimes", "environment", "skipped", "models"]
             + [f"speculative_{t}" for t in ("acceptance", "speedup", "theory", "hf", "parallelism")]
-            + [f"verification_{t}" for t in ("levels", "power", "pvalues", "tokens", "greedy")],
+            + [f"verification_{t}" for t in ("levels", "power", "pvalues", "tokens", "greedy")]
+            + [f"regime_{t}" for t in REGIME_DEPTH_TABLES],
         ),
         figures=expand(
             "results/{host}/figures/{fig}.pdf",
