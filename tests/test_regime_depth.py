@@ -287,3 +287,103 @@ def test_changepoint_settings_are_checked(bad, match):
     runs = raw_runs(0)
     with pytest.raises(ValueError, match=match):
         cp.find_changepoints(per_process(runs), rule(runs), **{**SETTINGS, **bad})
+
+
+# -----------------------------------------------------------------------------
+# the verb, the figures and the paper's macros, end to end on synthetic runs
+
+DEPTH_SPEC = {"window": 2, "threshold": 1.5, "consistency": 1.0, "alpha": 0.05,
+              "changepoints": {"model": "linear", "penalty": 6.0, "min_size": 3,
+                               "noise_floor": 0.01}}
+
+
+def run_verb(tmp_path, runs: pd.DataFrame, spec: dict = DEPTH_SPEC) -> tuple[int, object]:
+    import json
+
+    from decodelab import cli
+
+    stats_dir = tmp_path / "stats"
+    stats_dir.mkdir(exist_ok=True)
+    runs.to_parquet(tmp_path / "runs.parquet")
+    rule(runs).to_csv(stats_dir / "regimes.csv", index=False)
+    rc = cli.main(["regime-depth", "--runs", str(tmp_path / "runs.parquet"), "--regimes",
+                   str(stats_dir / "regimes.csv"), "--spec", json.dumps(spec),
+                   "--out", str(stats_dir)])
+    return rc, stats_dir
+
+
+def mixed_runs() -> pd.DataFrame:
+    mps = raw_runs(0, decode_spikes={4: 6.0}, process_sd=0.1)
+    cpu = raw_runs(1, backend="cpu")
+    cpu[["mem_mps_current_bytes", "mem_mps_driver_bytes"]] = np.nan
+    return pd.concat([mps, cpu], ignore_index=True)
+
+
+def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
+    from decodelab import figures, paper
+
+    rc, stats_dir = run_verb(tmp_path, mixed_runs())
+    assert rc == 0
+    for name in ("summary", "phases", "variance", "variance_summary", "memory", "changepoints",
+                 "changepoint_curves", "agreement"):
+        assert (stats_dir / f"regime_{name}.csv").exists(), name
+    phases_table = pd.read_csv(stats_dir / "regime_phases.csv")
+    pooled = phases_table[phases_table["scope"] == "backend"].set_index("backend")
+    assert pooled.loc["mps", "decision"] == "decode"
+    assert pooled.loc["cpu", "decision"] == phases.NOT_APPLICABLE
+    t = paper.read_regime_depth(stats_dir)
+    macros, flags = paper.regime_depth_macros(t, {"regimes": DEPTH_SPEC})
+    assert flags["RegimeDepthReady"] and flags["PhaseTestApplies"] and flags["MemoryApplies"]
+    assert macros["PhaseNumSpikes"] == "1" and macros["PhaseNumDecode"] == "1"
+    assert macros["PhaseNoSpikeBackends"] == "CPU"
+    assert "CPU: " in macros["MemNotApplicable"] and "MPS driver" in macros["MemNotApplicable"]
+    assert macros["ChgModel"] == "piecewise linear" and macros["ChgNumChangePoints"] == "0"
+    table = paper.regime_depth_table(t)
+    assert "nan" not in table.lower() and table.count(r"\\") >= 3
+    drawn = figures.regime_depth_figures(stats_dir, tmp_path / "fig")
+    assert sorted(p.name for p in drawn) == ["changepoints.pdf", "changepoints.png",
+                                             "regime_depth.pdf", "regime_depth.png"]
+
+
+def test_paper_macros_without_the_rule_are_placeholders(tmp_path):
+    from decodelab import paper
+
+    assert paper.read_regime_depth(tmp_path) is None
+    macros, flags = paper.regime_depth_macros(None, {})
+    assert not flags["RegimeDepthReady"] and set(macros.values()) == {"--"}
+    assert "no regime analysis in depth" in paper.regime_depth_table(None)
+
+
+def test_verb_rejects_bad_input_with_a_message(tmp_path, capsys):
+    rc, _ = run_verb(tmp_path, raw_runs(0), {**DEPTH_SPEC, "changepoints": {
+        **DEPTH_SPEC["changepoints"], "min_size": 2}})
+    assert rc == 2 and "regimes.changepoints" in capsys.readouterr().err
+    runs = raw_runs(0).drop(columns=["prefill_s"])
+    runs.to_parquet(tmp_path / "bad.parquet")
+    from decodelab import cli
+
+    rc = cli.main(["regime-depth", "--runs", str(tmp_path / "bad.parquet"), "--regimes",
+                   str(tmp_path / "stats" / "regimes.csv"), "--spec", "{}", "--out",
+                   str(tmp_path)])
+    assert rc == 2 and "prefill_s" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("shutil").which("latexmk") is None, reason="latexmk not on PATH")
+@pytest.mark.parametrize("spikes", [True, False])
+def test_paper_compiles_with_the_regime_depth_section(tmp_path, spikes):
+    import shutil
+
+    from test_figures_paper import build_paper, overfull, write_stats
+
+    stats_dir = write_stats(tmp_path / "stats", backends=("cpu", "mps"))
+    runs = mixed_runs() if spikes else raw_runs(1, backend="cpu")
+    _, depth = run_verb(tmp_path / "depth", runs) if (tmp_path / "depth").mkdir() is None \
+        else (None, None)
+    for p in depth.glob("regime_*.csv"):
+        shutil.copy(p, stats_dir / p.name)
+    pdf, log = build_paper(stats_dir, tmp_path)
+    built = (tmp_path / "build" / "generated" / "macros.tex").read_text()
+    assert r"\RegimeDepthReadytrue" in built
+    assert (r"\PhaseTestAppliestrue" in built) == spikes
+    assert "figures/regime_depth.pdf" in log and "figures/changepoints.pdf" in log
+    assert not overfull(log), f"overfull boxes (pt): {overfull(log)}"

@@ -26,7 +26,7 @@ rule paper:
         figures=expand(
             "results/{host}/figures/{fig}.pdf",
             host=HOST,
-            fig=["latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory"]
+            fig=["latency", "kv_speedup", "regime_depth", "changepoints", "acceptance", "speedup", "parallelism", "theory"]
             + ["verification_tokens", "verification_pvalues"],
         ),
     output:
