@@ -325,7 +325,7 @@ def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
     rc, stats_dir = run_verb(tmp_path, mixed_runs())
     assert rc == 0
     for name in ("summary", "phases", "variance", "variance_summary", "memory", "changepoints",
-                 "changepoint_curves", "agreement"):
+                 "changepoint_curves", "agreement", "kv_collapse"):
         assert (stats_dir / f"regime_{name}.csv").exists(), name
     phases_table = pd.read_csv(stats_dir / "regime_phases.csv")
     pooled = phases_table[phases_table["scope"] == "backend"].set_index("backend")
@@ -387,3 +387,59 @@ def test_paper_compiles_with_the_regime_depth_section(tmp_path, spikes):
     assert (r"\PhaseTestAppliestrue" in built) == spikes
     assert "figures/regime_depth.pdf" in log and "figures/changepoints.pdf" in log
     assert not overfull(log), f"overfull boxes (pt): {overfull(log)}"
+
+
+# -----------------------------------------------------------------------------
+# KV-cache speedup collapse
+
+def ablation_runs(seed: int, on_spike: float = 1.0, off_spike: float = 1.0, index: int = 5,
+                  repeats: int = 4) -> pd.DataFrame:
+    """Cache on and off in the same processes; spikes multiply decode at budget `index`."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for r in range(repeats):
+        for i, budget in enumerate(BUDGETS):
+            for cache, spike in ((True, on_spike), (False, off_spike)):
+                e = np.exp(rng.normal(0, 0.04, 2))
+                per_token = 0.003 * (1 if cache else 1 + budget / 40) * e[1]
+                per_token *= spike if i == index else 1.0
+                prefill, decode = 0.02 * e[0], per_token * (budget - 1)
+                rows.append({"experiment": "ablation", "backend": "mps", "model": "gpt2-a",
+                             "family": "gpt2", "dtype": "float32", "prompt_len": 32,
+                             "use_cache": cache, "budget": budget, "repeat": r, "inner": 0,
+                             "prefill_s": prefill, "decode_s": decode,
+                             "total_s": prefill + decode, "decode_per_token_s": per_token})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_planted_cache_on_spike_collapses_the_speedup(seed):
+    from decodelab import collapse
+
+    runs = ablation_runs(seed, on_spike=5.0)
+    out = collapse.kv_collapse(per_process(runs), rule(runs), 2, 1.5, 0.05)
+    spike = out[out["scope"] == "spike"]
+    assert list(spike["budget"]) == [BUDGETS[5]]
+    assert spike.iloc[0]["decision"] == "collapse" and spike.iloc[0]["speedup_ratio"] < 0.4
+    backend = out[out["scope"] == "backend"].iloc[0]
+    assert 0.9 < backend["control_ratio"] < 1.1
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_negative_control_spike_in_both_modes_is_no_collapse(seed):
+    from decodelab import collapse
+
+    runs = ablation_runs(seed, on_spike=5.0, off_spike=5.0)
+    out = collapse.kv_collapse(per_process(runs), rule(runs), 2, 1.5, 0.05)
+    spike = out[out["scope"] == "spike"]
+    assert len(spike) == 1 and spike.iloc[0]["decision"] == "no collapse"
+    assert 0.85 < spike.iloc[0]["speedup_ratio"] < 1.15
+
+
+def test_no_spike_means_not_applicable():
+    from decodelab import collapse
+
+    runs = ablation_runs(0)
+    out = collapse.kv_collapse(per_process(runs), rule(runs), 2, 1.5, 0.05)
+    assert list(out["scope"]) == ["backend"]
+    assert out.iloc[0]["decision"] == collapse.NOT_APPLICABLE and np.isnan(out.iloc[0]["p_value"])

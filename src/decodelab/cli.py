@@ -91,7 +91,7 @@ def regimes(args):
 
 
 def regime_depth(args):
-    from . import changepoints, memory, phases, variance
+    from . import changepoints, collapse, memory, phases, variance
     from . import regimes as rg
     from .io import read_table, write_table
     from .stats import GRID, METRICS
@@ -125,6 +125,8 @@ def regime_depth(args):
     write_table(points, out / "regime_changepoints.csv")
     write_table(curves, out / "regime_changepoint_curves.csv")
     write_table(changepoints.agreement(points), out / "regime_agreement.csv")
+    write_table(collapse.kv_collapse(proc, table, window, threshold, spec["alpha"]),
+                out / "regime_kv_collapse.csv")
 
 
 def figures(args):

@@ -1450,7 +1450,7 @@ def power_table(t: dict[str, pd.DataFrame] | None) -> str:
 # processes, memory correlation, change points
 
 REGIME_DEPTH = ("summary", "phases", "variance", "variance_summary", "memory",
-                "changepoint_curves", "agreement")
+                "changepoint_curves", "agreement", "kv_collapse")
 MEMORY_NAMES = {"mem_cuda_peak_bytes": "CUDA allocator peak",
                 "mem_mps_current_bytes": "MPS allocator (current)",
                 "mem_mps_driver_bytes": "MPS driver", "rss_bytes": "process RSS"}
@@ -1585,7 +1585,26 @@ def changepoint_depth_macros(curves: pd.DataFrame, agreement: pd.DataFrame,
     return macros, {"AnyChangePoints": bool(len(curves) and curves["changepoints"].sum() > 0)}
 
 
+def collapse_depth_macros(kvc: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
+    spikes = kvc[kvc["scope"] == "spike"]
+    pooled = kvc[kvc["scope"] == "backend"]
+    tested = pooled[pooled["spikes"] > 0]
+    top = tested.loc[tested["spikes"].idxmax()] if len(tested) else None
+    return {
+        "KvcNumSpikes": integer(len(spikes)),
+        "KvcNumCollapse": integer(int(spikes["decision"].eq("collapse").sum())),
+        "KvcSpeedupRatio": sig(spikes["speedup_ratio"].median()) if len(spikes) else NONE,
+        "KvcBackend": label(top["backend"]) if top is not None else NONE,
+        "KvcBackendDecision": tex_escape(top["decision"]) if top is not None else NONE,
+        "KvcBackendP": sig(top["p_value"], 2) if top is not None else NONE,
+        "KvcControlRatio": (sig(pooled["control_ratio"].median())
+                            if pooled["control_ratio"].notna().any() else NONE),
+    }, {"KvCollapseApplies": len(spikes) > 0}
+
+
 DEPTH_MACROS = (
+    "KvcNumSpikes", "KvcNumCollapse", "KvcSpeedupRatio", "KvcBackend", "KvcBackendDecision",
+    "KvcBackendP", "KvcControlRatio",
     "PhaseNumSpikes", "PhaseNumDecode", "PhaseNumPrefill", "PhaseNumUndecided",
     "PhaseDecodeShare", "PhaseBackend", "PhaseBackendSpikes", "PhaseBackendDecision",
     "PhaseBackendP", "PhaseNoSpikeBackends", "VarNumConfigs", "VarNumSeparable",
@@ -1602,16 +1621,17 @@ def regime_depth_macros(t: dict[str, pd.DataFrame] | None,
                         settings: dict) -> tuple[dict[str, str], dict[str, bool]]:
     """Macros of the regimes-in-depth subsection; '--' and false flags when the rule has not run."""
     flags = {"RegimeDepthReady": t is not None, "PhaseTestApplies": False,
-             "MemoryApplies": False, "AnyChangePoints": False}
+             "MemoryApplies": False, "AnyChangePoints": False, "KvCollapseApplies": False}
     if t is None:
         return {name: NONE for name in DEPTH_MACROS}, flags
     phase_m, phase_f = phase_depth_macros(t["phases"])
     mem_m, mem_f = memory_depth_macros(t["memory"],
                                        float(settings.get("regimes", {}).get("alpha", 0.05)))
     chg_m, chg_f = changepoint_depth_macros(t["changepoint_curves"], t["agreement"], settings)
+    kvc_m, kvc_f = collapse_depth_macros(t["kv_collapse"])
     macros = {**phase_m, **variance_depth_macros(t["variance"], t["variance_summary"]),
-              **mem_m, **chg_m}
-    return macros, {**flags, **phase_f, **mem_f, **chg_f}
+              **mem_m, **chg_m, **kvc_m}
+    return macros, {**flags, **phase_f, **mem_f, **chg_f, **kvc_f}
 
 
 def phase_cell(spikes: pd.DataFrame) -> str:
