@@ -334,6 +334,7 @@ def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
     t = paper.read_regime_depth(stats_dir)
     macros, flags = paper.regime_depth_macros(t, {"regimes": DEPTH_SPEC})
     assert flags["RegimeDepthReady"] and flags["PhaseTestApplies"] and flags["MemoryApplies"]
+    assert set(macros) == set(paper.DEPTH_MACROS)  # the placeholders cover every macro
     assert macros["PhaseNumSpikes"] == "1" and macros["PhaseNumDecode"] == "1"
     assert macros["PhaseNoSpikeBackends"] == "CPU"
     assert "CPU: " in macros["MemNotApplicable"] and "MPS driver" in macros["MemNotApplicable"]
@@ -443,3 +444,25 @@ def test_no_spike_means_not_applicable():
     out = collapse.kv_collapse(per_process(runs), rule(runs), 2, 1.5, 0.05)
     assert list(out["scope"]) == ["backend"]
     assert out.iloc[0]["decision"] == collapse.NOT_APPLICABLE and np.isnan(out.iloc[0]["p_value"])
+
+
+def test_negative_control_budget_drift_is_not_memory_given_the_budget():
+    # Excess that drifts with the budget and memory that grows with it: the plain rank
+    # correlation is significant, the partial one given the budget must not be.
+    rng = np.random.default_rng(0)
+    budget = np.repeat(np.array(BUDGETS, float), 6)
+    memory_bytes = 2**30 * (1 + budget / 50) * np.exp(rng.normal(0, 0.02, len(budget)))
+    excess = 0.002 * budget + rng.normal(0, 0.05, len(budget))
+    out = memory.correlate(memory_bytes, excess, budget)
+    assert out["p_value"] < 1e-3
+    assert out["p_given_budget"] > 0.01 and abs(out["rho_given_budget"]) < 0.3
+
+
+def test_memory_linked_excess_survives_the_budget_control():
+    rng = np.random.default_rng(1)
+    budget = np.repeat(np.array(BUDGETS, float), 6)
+    jitter = rng.normal(0, 0.3, len(budget))
+    memory_bytes = 2**30 * (1 + budget / 50) * np.exp(jitter)
+    excess = 0.5 * jitter + rng.normal(0, 0.05, len(budget))
+    out = memory.correlate(memory_bytes, excess, budget)
+    assert out["rho_given_budget"] > 0.6 and out["p_given_budget"] < 1e-6

@@ -271,9 +271,8 @@ def draw_all(stats_dir: Path, out_dir: Path) -> list[Path]:
 # regimes in depth: variance between processes, memory, prefill vs decode, change points
 
 REGIME_DEPTH_TABLES = ("phases", "variance_summary", "memory", "changepoints")
-MEMORY_LABELS = {"mem_cuda_peak_bytes": "CUDA alloc.\npeak", "mem_mps_current_bytes":
-                 "MPS alloc.\ncurrent", "mem_mps_driver_bytes": "MPS\ndriver",
-                 "rss_bytes": "process\nRSS"}
+MEMORY_LABELS = {"mem_cuda_peak_bytes": "CUDA\nalloc.", "mem_mps_current_bytes": "MPS\nalloc.",
+                 "mem_mps_driver_bytes": "MPS\ndriver", "rss_bytes": "RSS"}
 
 
 def read_regime_depth(stats_dir: Path) -> dict[str, pd.DataFrame] | None:
@@ -336,7 +335,7 @@ def memory_panel(ax, memory: pd.DataFrame) -> None:
     ax.set_xticks(range(len(columns)), [MEMORY_LABELS[c] for c in columns], fontsize=6)
     ax.set_ylim(0, 1)
     ax.set_ylabel("$R^2$ of log excess\non memory")
-    ax.set_title("(b) memory explains")
+    ax.set_title("(b) memory vs. latency excess")
 
 
 def phases_panel(ax, phases: pd.DataFrame) -> None:
