@@ -35,7 +35,7 @@ reproduce: setup
 
 # Rebuild statistics, figures and the PDF from existing raw runs; never re-measures.
 paper: setup
-	$(BIN)/snakemake --allowed-rules collect skipped statistics regimes settings figures paper all
+	$(BIN)/snakemake --allowed-rules collect skipped statistics regimes regime_depth settings figures paper all
 
 test: setup
 	$(BIN)/pytest

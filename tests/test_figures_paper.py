@@ -494,7 +494,7 @@ def test_write_generated_all_files(stats, tmp_path):
     assert names == {"macros.tex", "tab_environment.tex", "tab_kv.tex", "tab_regimes.tex",
                      "tab_skipped.tex", "tab_settings.tex", "tab_spec_pairs.tex",
                      "tab_spec_hf.tex", "tab_models.tex", "tab_verification.tex",
-                     "tab_power.tex"}
+                     "tab_power.tex", "tab_regime_depth.tex"}
     for p in written:
         text = p.read_text()
         assert "nan" not in text.lower().replace("nonstopmode", ""), p.name
@@ -837,7 +837,8 @@ def test_every_generated_input_is_produced(stats, tmp_path):
 
 def test_paper_includes_all_figures_with_provenance():
     text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
-    made_by = {"latency": "figures", "kv_speedup": "figures",
+    made_by = {"latency": "figures", "kv_speedup": "figures", "regime_depth": "figures",
+               "changepoints": "figures",
                **{f: r"speculative\_figures" for f in SPEC_FIGURES},
                **{f: r"verification\_figures" for f in VERIFICATION_FIGURES}}
     captions = dict(re.findall(r"\\includegraphics(?:\[[^\]]*\])?\{figures/([a-z_]+)\.pdf\}"

@@ -119,7 +119,8 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(workdir):
     log = (workdir / "results/paper/build/paper.log").read_text(errors="replace")
     included = set(re.findall(r"<figures/(\w+)\.pdf", log))
     assert included == {"latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory",
-                        "verification_tokens", "verification_pvalues"}
+                        "verification_tokens", "verification_pvalues", "regime_depth",
+                        "changepoints"}
 
     again = snakemake(workdir, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -130,6 +131,21 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(workdir):
     assert {"statistics", "speculative_stats", "paper"} <= rerun
     assert rerun <= {"statistics", "speculative_stats", "figures", "speculative_figures",
                      "settings", "paper", "all"}
+
+    regimes = yaml.safe_load((ROOT / "config.yaml").read_text())["regimes"]
+    regimes["changepoints"] = {**regimes["changepoints"], "penalty": 8.0}
+    changed = snakemake(workdir, "-n", "--configfile", str(write_config(workdir, regimes=regimes)))
+    rerun = set(planned_jobs(changed.stdout))
+    assert "regime_depth" in rerun and "regimes" not in rerun  # the spike rule stays
+    assert rerun <= {"regime_depth", "figures", "settings", "paper", "all"}
+
+
+def test_changepoint_segments_too_short_for_a_line_are_refused(workdir):
+    regimes = yaml.safe_load((ROOT / "config.yaml").read_text())["regimes"]
+    regimes["changepoints"] = {**regimes["changepoints"], "model": "linear", "min_size": 2}
+    out = snakemake(workdir, "-n", "--configfile", str(write_config(workdir, regimes=regimes)),
+                    check=False)
+    assert out.returncode != 0 and "regimes.changepoints.min_size" in out.stderr + out.stdout
 
 
 def test_conda_env_pins_equal_requirements_lock():

@@ -90,6 +90,45 @@ def regimes(args):
     write_table(pd.concat(tables, ignore_index=True), args.out)
 
 
+def regime_depth(args):
+    from . import changepoints, collapse, memory, phases, variance
+    from . import regimes as rg
+    from .io import read_table, write_table
+    from .stats import GRID, METRICS
+
+    spec = json.loads(args.spec)
+    runs, table = read_table(args.runs), read_table(args.regimes)
+    missing = [c for c in [*GRID, "repeat", *METRICS] if c not in runs.columns]
+    if missing:
+        raise DecodelabError(f"{args.runs}: no column(s) {missing}; rerun the collect rule")
+    if not {"metric", "spike", "ratio_median"} <= set(table.columns):
+        raise DecodelabError(f"{args.regimes}: not a regimes table; rerun the regimes rule")
+    for col in ("use_cache", "spike"):
+        table[col] = table[col].astype(str).str.lower().isin(["true", "1"])
+    mem = [c for c in memory.MEMORY if c in runs.columns]
+    proc = runs.groupby(GRID + ["repeat"], as_index=False)[METRICS + mem].median()
+    window, threshold = spec["window"], spec["threshold"]
+    cp = spec["changepoints"]
+    try:
+        points, curves = changepoints.find_changepoints(
+            proc, table, cp["model"], cp["penalty"], cp["min_size"], cp["noise_floor"])
+    except ValueError as err:
+        raise DecodelabError(f"regimes.changepoints: {err}") from err
+    var = variance.decompose(runs)
+    out = Path(args.out)
+    write_table(rg.spike_summary(table), out / "regime_summary.csv")
+    write_table(phases.attribute_spikes(proc, table, window, threshold, spec["alpha"]),
+                out / "regime_phases.csv")
+    write_table(var, out / "regime_variance.csv")
+    write_table(variance.summarize(var, spec["alpha"]), out / "regime_variance_summary.csv")
+    write_table(memory.memory_correlation(proc, window, threshold), out / "regime_memory.csv")
+    write_table(points, out / "regime_changepoints.csv")
+    write_table(curves, out / "regime_changepoint_curves.csv")
+    write_table(changepoints.agreement(points), out / "regime_agreement.csv")
+    write_table(collapse.kv_collapse(proc, table, window, threshold, spec["alpha"]),
+                out / "regime_kv_collapse.csv")
+
+
 def figures(args):
     from . import figures as fg
 
@@ -293,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=regimes)
+
+    p = verbs.add_parser("regime-depth", help="spikes by family, prefill vs decode, variance "
+                         "between processes, memory correlation, change points")
+    p.add_argument("--runs", required=True)
+    p.add_argument("--regimes", required=True, help="the regimes rule's table")
+    p.add_argument("--spec", required=True, help="the regimes settings, as JSON")
+    p.add_argument("--out", required=True, help="the stats directory")
+    p.set_defaults(func=regime_depth)
 
     p = verbs.add_parser("figures", help="draw the figures from the stats tables")
     p.add_argument("--stats", required=True)

@@ -1451,6 +1451,237 @@ def power_table(t: dict[str, pd.DataFrame] | None) -> str:
 
 
 # -----------------------------------------------------------------------------
+# regimes in depth (rule regime_depth): spikes per family, prefill vs decode, variance between
+# processes, memory correlation, change points
+
+REGIME_DEPTH = ("summary", "phases", "variance", "variance_summary", "memory",
+                "changepoint_curves", "agreement", "kv_collapse")
+MEMORY_NAMES = {"mem_cuda_peak_bytes": "CUDA allocator peak",
+                "mem_mps_current_bytes": "MPS allocator (current)",
+                "mem_mps_driver_bytes": "MPS driver", "rss_bytes": "process RSS"}
+
+
+def read_regime_depth(stats_dir: Path) -> dict[str, pd.DataFrame] | None:
+    """The regime_depth tables, or None when that rule has not run (\\RegimeDepthReady false)."""
+    paths = {n: Path(stats_dir) / f"regime_{n}.csv" for n in REGIME_DEPTH}
+    if not all(p.exists() for p in paths.values()):
+        return None
+    t = {n: pd.read_csv(p) for n, p in paths.items()}
+    for df in t.values():
+        if "use_cache" in df:
+            df["use_cache"] = as_bool(df["use_cache"])
+    return t
+
+
+def sweep_on(df: pd.DataFrame) -> pd.DataFrame:
+    """The cache-on sweep rows (the experiment the headline numbers come from)."""
+    return df[(df["experiment"] == "sweep") & df["use_cache"]] if len(df) else df
+
+
+def family_label(family) -> str:
+    return FAMILY_LABELS.get(str(family), tex_escape(family))
+
+
+def phase_depth_macros(phases: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
+    spikes = phases[phases["scope"] == "spike"]
+    pooled = phases[phases["scope"] == "backend"]
+    decisions = spikes["decision"].astype(str)
+    on = sweep_on(pooled)
+    tested = pooled[pooled["spikes"] > 0]
+    top = tested.loc[tested["spikes"].idxmax()] if len(tested) else None
+    none_flagged = [label(b) for b in ordered(on[on["spikes"] == 0]["backend"])]
+    macros = {
+        "PhaseNumSpikes": integer(len(spikes)),
+        "PhaseNumDecode": integer(int(decisions.eq("decode").sum())),
+        "PhaseNumPrefill": integer(int(decisions.eq("prefill").sum())),
+        "PhaseNumUndecided": integer(int(decisions.str.startswith("undecided").sum())),
+        "PhaseDecodeShare": (percent_sig(spikes["decode_share"].median())
+                             if spikes["decode_share"].notna().any() else NONE),
+        "PhaseBackend": label(top["backend"]) if top is not None else NONE,
+        "PhaseBackendSpikes": integer(top["spikes"]) if top is not None else NONE,
+        "PhaseBackendDecision": tex_escape(top["decision"]) if top is not None else NONE,
+        "PhaseBackendP": sig(top["p_decode"]) if top is not None else NONE,
+        "PhaseNoSpikeBackends": human_list(none_flagged),
+    }
+    return macros, {"PhaseTestApplies": len(spikes) > 0}
+
+
+def ordered(backends) -> list[str]:
+    present = set(backends)
+    return [b for b in BACKEND_ORDER if b in present] + sorted(present - set(BACKEND_ORDER))
+
+
+def percent_sig(fraction) -> str:
+    return NONE if fraction is None or not finite(fraction) else f"{sig(100 * fraction)}\\%"
+
+
+def variance_depth_macros(variance: pd.DataFrame, summary: pd.DataFrame) -> dict[str, str]:
+    on = sweep_on(variance)
+    total = on[on["metric"] == "total_s"]
+    ok = total[total["status"].astype(str).str.startswith("ok")]
+    share = {}
+    for metric in ("total_s", "prefill_s", "decode_s"):
+        rows = on[(on["metric"] == metric) & on["status"].astype(str).str.startswith("ok")]
+        b, w = rows["var_between"].mean(), rows["var_within"].mean()
+        share[metric] = b / (b + w) if len(rows) and b + w > 0 else None
+    groups = sweep_on(summary)
+    groups = groups[groups["metric"] == "total_s"].dropna(subset=["share_pooled"])
+    lo = groups.loc[groups["share_pooled"].idxmin()] if len(groups) else None
+    hi = groups.loc[groups["share_pooled"].idxmax()] if len(groups) else None
+    where = lambda r: f"{label(r['backend'])}, {family_label(r['family'])}"  # noqa: E731
+    not_separable = total[~total["status"].astype(str).str.startswith("ok")]
+    return {
+        "VarNumConfigs": integer(len(total)),
+        "VarNumSeparable": integer(len(ok)),
+        "VarNumNotSeparable": integer(len(not_separable)),
+        "VarNumSignificant": integer(int((ok["p_value"] < float(
+            summary["alpha"].iloc[0] if len(summary) else 0.05)).sum())),
+        "VarShareTotal": percent_sig(share["total_s"]),
+        "VarSharePrefill": percent_sig(share["prefill_s"]),
+        "VarShareDecode": percent_sig(share["decode_s"]),
+        "VarShareMin": percent_sig(lo["share_pooled"]) if lo is not None else NONE,
+        "VarShareMinWhere": where(lo) if lo is not None else NONE,
+        "VarShareMax": percent_sig(hi["share_pooled"]) if hi is not None else NONE,
+        "VarShareMaxWhere": where(hi) if hi is not None else NONE,
+    }
+
+
+def memory_depth_macros(memory: pd.DataFrame,
+                        alpha: float) -> tuple[dict[str, str], dict[str, bool]]:
+    ok = memory[memory["status"] == "ok"].dropna(subset=["r2"])
+    best = ok.loc[ok["r2"].idxmax()] if len(ok) else None
+    na = memory[memory["status"] != "ok"]
+    na_text = "; ".join(
+        f"{label(b)}: {human_list([MEMORY_NAMES.get(c, tex_escape(c)) for c in g['column']])}"
+        for b, g in na.groupby("backend", sort=False)) or "none"
+    return {
+        "MemBestColumn": MEMORY_NAMES.get(best["column"], NONE) if best is not None else NONE,
+        "MemBestBackend": label(best["backend"]) if best is not None else NONE,
+        "MemBestRSquared": percent_sig(best["r2"]) if best is not None else NONE,
+        "MemBestRho": sig(best["rho"], 2) if best is not None else NONE,
+        "MemBestP": sig(best["p_value"], 2) if best is not None else NONE,
+        "MemBestConfigs": integer(best["configs"]) if best is not None else NONE,
+        "MemBestRhoGivenBudget": sig(best["rho_given_budget"], 2) if best is not None else NONE,
+        "MemBestPGivenBudget": sig(best["p_given_budget"], 2) if best is not None else NONE,
+        "MemNumSignificant": integer(int((ok["p_value"] < alpha).sum())),
+        "MemNumTested": integer(len(ok)),
+        "MemNotApplicable": na_text,
+    }, {"MemoryApplies": best is not None}
+
+
+def changepoint_depth_macros(curves: pd.DataFrame, agreement: pd.DataFrame,
+                             settings: dict) -> tuple[dict[str, str], dict[str, bool]]:
+    cp = settings.get("regimes", {}).get("changepoints", {})
+    model = cp.get("model")
+    macros = {
+        "ChgModel": {"linear": "piecewise linear", "constant": "piecewise constant"}.get(
+            model, tex_escape(model or NONE)),
+        "ChgPenalty": plain(cp.get("penalty")),
+        "ChgMinSize": str(cp.get("min_size", NONE)),
+        "ChgNoiseFloor": percent(cp["noise_floor"]) if "noise_floor" in cp else NONE,
+        "ChgNumCurves": integer(len(curves)),
+        "ChgNumChangePoints": integer(int(curves["changepoints"].sum())) if len(curves) else "0",
+        "ChgNumCurvesWith": integer(int((curves["changepoints"] > 0).sum())) if len(curves)
+        else "0",
+        "ChgNumSpikes": integer(int(agreement["spikes"].sum())) if len(agreement) else "0",
+        "ChgNumCoinciding": integer(int(agreement["spikes_coinciding"].sum()))
+        if len(agreement) else "0",
+        "ChgNumAtSpikes": integer(int(agreement["changepoints_at_spikes"].sum()))
+        if len(agreement) else "0",
+    }
+    return macros, {"AnyChangePoints": bool(len(curves) and curves["changepoints"].sum() > 0)}
+
+
+def collapse_depth_macros(kvc: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
+    spikes = kvc[kvc["scope"] == "spike"]
+    pooled = kvc[kvc["scope"] == "backend"]
+    tested = pooled[pooled["spikes"] > 0]
+    top = tested.loc[tested["spikes"].idxmax()] if len(tested) else None
+    return {
+        "KvcNumSpikes": integer(len(spikes)),
+        "KvcNumCollapse": integer(int(spikes["decision"].eq("collapse").sum())),
+        "KvcSpeedupRatio": sig(spikes["speedup_ratio"].median()) if len(spikes) else NONE,
+        "KvcBackend": label(top["backend"]) if top is not None else NONE,
+        "KvcBackendDecision": tex_escape(top["decision"]) if top is not None else NONE,
+        "KvcBackendP": sig(top["p_value"], 2) if top is not None else NONE,
+        "KvcControlRatio": (sig(pooled["control_ratio"].median())
+                            if pooled["control_ratio"].notna().any() else NONE),
+    }, {"KvCollapseApplies": len(spikes) > 0}
+
+
+DEPTH_MACROS = (
+    "KvcNumSpikes", "KvcNumCollapse", "KvcSpeedupRatio", "KvcBackend", "KvcBackendDecision",
+    "KvcBackendP", "KvcControlRatio", "PhaseNumSpikes", "PhaseNumDecode", "PhaseNumPrefill",
+    "PhaseNumUndecided", "PhaseDecodeShare", "PhaseBackend", "PhaseBackendSpikes",
+    "PhaseBackendDecision", "PhaseBackendP", "PhaseNoSpikeBackends", "VarNumConfigs",
+    "VarNumSeparable", "VarNumNotSeparable", "VarNumSignificant", "VarShareTotal",
+    "VarSharePrefill", "VarShareDecode", "VarShareMin", "VarShareMinWhere", "VarShareMax",
+    "VarShareMaxWhere", "MemBestColumn", "MemBestBackend", "MemBestRSquared", "MemBestRho",
+    "MemBestP", "MemBestConfigs", "MemBestRhoGivenBudget", "MemBestPGivenBudget",
+    "MemNumSignificant", "MemNumTested", "MemNotApplicable", "ChgModel", "ChgPenalty",
+    "ChgMinSize", "ChgNoiseFloor", "ChgNumCurves", "ChgNumChangePoints", "ChgNumCurvesWith",
+    "ChgNumSpikes", "ChgNumCoinciding", "ChgNumAtSpikes",
+)
+
+
+def regime_depth_macros(t: dict[str, pd.DataFrame] | None,
+                        settings: dict) -> tuple[dict[str, str], dict[str, bool]]:
+    """Macros of the regimes-in-depth subsection; '--' and false flags when the rule has not run."""
+    flags = {"RegimeDepthReady": t is not None, "PhaseTestApplies": False,
+             "MemoryApplies": False, "AnyChangePoints": False, "KvCollapseApplies": False}
+    if t is None:
+        return {name: NONE for name in DEPTH_MACROS}, flags
+    phase_m, phase_f = phase_depth_macros(t["phases"])
+    mem_m, mem_f = memory_depth_macros(t["memory"],
+                                       float(settings.get("regimes", {}).get("alpha", 0.05)))
+    chg_m, chg_f = changepoint_depth_macros(t["changepoint_curves"], t["agreement"], settings)
+    kvc_m, kvc_f = collapse_depth_macros(t["kv_collapse"])
+    macros = {**phase_m, **variance_depth_macros(t["variance"], t["variance_summary"]),
+              **mem_m, **chg_m, **kvc_m}
+    return macros, {**flags, **phase_f, **mem_f, **chg_f, **kvc_f}
+
+
+def phase_cell(spikes: pd.DataFrame) -> str:
+    if not len(spikes):
+        return "n/a"
+    d = spikes["decision"].astype(str)
+    return f"{int(d.eq('decode').sum())} / {int(d.eq('prefill').sum())} / " \
+           f"{int(d.str.startswith('undecided').sum())}"
+
+
+def regime_depth_table(t: dict[str, pd.DataFrame] | None) -> str:
+    """Per backend and family, cache-on sweep: spikes, phase, variance share, change points."""
+    rows = []
+    if t is not None:
+        summary = sweep_on(t["summary"])
+        var = sweep_on(t["variance_summary"])
+        var = var[var["metric"] == "total_s"]
+        spikes = sweep_on(t["phases"][t["phases"]["scope"] == "spike"])
+        curves = sweep_on(t["changepoint_curves"])
+        rank = {b: i for i, b in enumerate(BACKEND_ORDER)}
+        summary = summary.assign(_r=summary["backend"].map(lambda b: rank.get(b, len(rank))))
+        for _, r in summary.sort_values(["_r", "backend", "family", "dtype"]).iterrows():
+            def pick(df: pd.DataFrame, r=r) -> pd.DataFrame:
+                return df[(df["backend"] == r["backend"]) & (df["family"] == r["family"])
+                          & (df["dtype"] == r["dtype"])]
+            v = pick(var)
+            share = (f"{sig(v['share_pooled'].iloc[0], 2)} "
+                     f"[{sig(v['share_q25'].iloc[0], 2)}, {sig(v['share_q75'].iloc[0], 2)}]"
+                     if len(v) and finite(v["share_pooled"].iloc[0]) else NONE)
+            c = pick(curves)
+            rows.append([label(r["backend"]), family_label(r["family"]),
+                         f"\\texttt{{{tex_escape(r['dtype'])}}}", integer(r["configs"]),
+                         integer(r["spikes"]), sig(r["max_ratio"]), phase_cell(pick(spikes)),
+                         share, integer(c["changepoints"].sum()) if len(c) else NONE])
+    header = [
+        r" & & & & & Largest & Phase & Between-process & Change \\",
+        r"Backend & Family & dtype & Budgets & Spikes & ratio & dec.\,/\,pre.\,/\,und. & "
+        r"share [IQR] & points \\",
+    ]
+    return tabular("@{}lllrrrcll@{}", header, rows, "no regime analysis in depth in this build")
+
+
+# -----------------------------------------------------------------------------
 # entry points
 
 def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path]:
@@ -1465,13 +1696,14 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
     ver = read_verification(stats_dir)
     ver_macros, ver_flags = verification_macros(ver, settings)
     stages = stage_flags(speculative=spec is not None, verification=ver is not None)
+    depth_macros, depth_flags = regime_depth_macros(read_regime_depth(stats_dir), settings)
     macros = {**settings_macros(settings), **env_macros, **latency_macros(t["latency"]),
               **reg_macros, **kv_macros(t["kv_speedup"]),
               "KvSpeedupAtMaxSpike": kv_at_spike(t["kv_speedup"], t["regimes"]),
-              **spec_macros, **ver_macros,
+              **spec_macros, **ver_macros, **depth_macros,
               **{name: str(ready).lower() for name, ready in stages.items()}}
     flags = {**env_flags, **reg_flags, "AnyInitWeights": bool(init_models(settings)),
-             **spec_flags, **ver_flags, **stages}
+             **spec_flags, **ver_flags, **stages, **depth_flags}
     files = {
         "macros.tex": macros_tex(macros, flags),
         "tab_environment.tex": environment_table(t["environment"]),
@@ -1485,6 +1717,7 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
         "tab_models.tex": models_table(models, settings),
         "tab_verification.tex": verification_table(ver),
         "tab_power.tex": power_table(ver),
+        "tab_regime_depth.tex": regime_depth_table(read_regime_depth(stats_dir)),
     }
     out_dir = Path(out_dir)
     return [atomic(out_dir / name, lambda p, text=text: p.write_text(text))

@@ -253,3 +253,63 @@ def detect_spikes(
     out["n_repeats"] = out["n_repeats"].astype(int)
     out["spike"] = out["spike"].astype(bool)
     return out
+
+
+def repeat_ratios(
+    df: pd.DataFrame, value: str, by: list[str], window: int = 2, threshold: float = 1.5
+) -> pd.DataFrame:
+    """Per group, budget and repeat: `value`, its `trend` and `ratio`, as `detect_spikes` sees them.
+
+    The same reduction (median over rows of one cell) and the same `spike_trend` as
+    `detect_spikes`, before the repeats are aggregated: the unit for paired tests across repeats.
+    Columns: `by`, budget, repeat, value (the reduced `value`), trend, ratio.
+    """
+    by = list(by)
+    missing = [c for c in [*by, "budget", "repeat", value] if c not in df.columns]
+    if missing:
+        raise ValueError(f"repeat_ratios: missing columns {missing}")
+    data = df[[*by, "budget", "repeat", value]].rename(columns={value: "_value"})
+    data = data[data["_value"].notna()]
+    if (data["_value"] <= 0).any():
+        raise ValueError(f"repeat_ratios: {value!r} must be positive (ratios are taken in logs)")
+    columns = [*by, "budget", "repeat", "value", "trend", "ratio"]
+    if data.empty:
+        return pd.DataFrame(columns=columns)
+    reduced = data.groupby([*by, "budget", "repeat"], dropna=False, sort=False)["_value"]
+    ratios = curve_ratios(reduced.median().reset_index(), [*by, "repeat"], window, threshold)
+    return ratios.rename(columns={"_value": "value"})[columns]
+
+
+SUMMARY_BY = ["experiment", "use_cache", "backend", "family", "dtype"]
+SUMMARY_COLUMNS = [*SUMMARY_BY, "configs", "spikes", "max_ratio", "max_ratio_model",
+                   "max_ratio_budget", "spike_budgets"]
+
+
+def spike_summary(regimes: pd.DataFrame, metric: str = "total_s") -> pd.DataFrame:
+    """Per experiment x cache x backend x family x dtype: configurations tested, spikes flagged,
+    and the largest ratio to the local trend (with its model and budget), on `metric`.
+
+    `regimes` is the table `detect_spikes` writes (the `regimes` rule's output). Curves with
+    fewer than MIN_BUDGETS budgets have no ratio; a group whose ratios are all NaN reports
+    max_ratio NaN and max_ratio_model "--".
+    """
+    missing = [c for c in [*SUMMARY_BY, "model", "budget", "metric", "ratio_median", "spike"]
+               if c not in regimes.columns]
+    if missing:
+        raise ValueError(f"spike_summary: the regimes table lacks columns {missing}")
+    rows = []
+    table = regimes[regimes["metric"] == metric]
+    for key, g in table.groupby(SUMMARY_BY, dropna=False, sort=True):
+        flagged = g[g["spike"].astype(bool)]
+        finite = g.dropna(subset=["ratio_median"])
+        top = finite.loc[finite["ratio_median"].idxmax()] if len(finite) else None
+        rows.append({
+            **dict(zip(SUMMARY_BY, key, strict=True)),
+            "configs": len(g), "spikes": len(flagged),
+            "max_ratio": float(top["ratio_median"]) if top is not None else math.nan,
+            "max_ratio_model": str(top["model"]) if top is not None else "--",
+            "max_ratio_budget": int(top["budget"]) if top is not None else -1,
+            "spike_budgets": " ".join(f"{m}@{int(b)}" for m, b in
+                                      zip(flagged["model"], flagged["budget"], strict=True)),
+        })
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)

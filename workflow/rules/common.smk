@@ -115,6 +115,28 @@ def as_arg(obj):
     return shlex.quote(json.dumps(obj, sort_keys=True))
 
 
+REGIME_RULE_KEYS = ("window", "threshold", "consistency", "alpha")
+REGIME_DEPTH_TABLES = ["summary", "phases", "variance", "variance_summary", "memory",
+                       "changepoints", "changepoint_curves", "agreement", "kv_collapse"]
+
+
+def regime_rule_spec():
+    """The spike rule's settings only: a change-point setting does not rerun the rule."""
+    return {k: config["regimes"][k] for k in REGIME_RULE_KEYS}
+
+
+def check_changepoints():
+    cp = config["regimes"]["changepoints"]
+    if cp["model"] == "linear" and cp["min_size"] < 3:
+        raise WorkflowError(
+            "config 'regimes.changepoints.min_size': model 'linear' needs segments of at least 3"
+            f" budgets (a line through 2 points has no residual), got {cp['min_size']}"
+        )
+
+
+check_changepoints()
+
+
 def sweep_spec():
     keys = ("budgets", "prompt_lengths", "dtype", "inner_repeats", "warmup")
     return {**{k: SWEEP[k] for k in keys}, "seed": config["seed"]}

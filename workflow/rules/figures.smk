@@ -3,9 +3,12 @@ rule figures:
         "results/{host}/stats/latency.csv",
         "results/{host}/stats/kv_speedup.csv",
         "results/{host}/stats/regimes.csv",
+        expand("results/{{host}}/stats/regime_{table}.csv", table=REGIME_DEPTH_TABLES),
     output:
         multiext("results/{host}/figures/latency", ".pdf", ".png"),
         multiext("results/{host}/figures/kv_speedup", ".pdf", ".png"),
+        multiext("results/{host}/figures/regime_depth", ".pdf", ".png"),
+        multiext("results/{host}/figures/changepoints", ".pdf", ".png"),
     params:
         stats=lambda wc, input: os.path.dirname(input[0]),
         out=lambda wc, output: os.path.dirname(output[0]),

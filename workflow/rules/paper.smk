@@ -20,12 +20,13 @@ rule paper:
             host=HOST,
             table=["latency", "kv_speedup", "regimes", "environment", "skipped", "models"]
             + [f"speculative_{t}" for t in ("acceptance", "speedup", "theory", "hf", "parallelism")]
-            + [f"verification_{t}" for t in ("levels", "power", "pvalues", "tokens", "greedy")],
+            + [f"verification_{t}" for t in ("levels", "power", "pvalues", "tokens", "greedy")]
+            + [f"regime_{t}" for t in REGIME_DEPTH_TABLES],
         ),
         figures=expand(
             "results/{host}/figures/{fig}.pdf",
             host=HOST,
-            fig=["latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory"]
+            fig=["latency", "kv_speedup", "regime_depth", "changepoints", "acceptance", "speedup", "parallelism", "theory"]
             + ["verification_tokens", "verification_pvalues"],
         ),
     output:

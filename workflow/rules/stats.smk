@@ -49,10 +49,28 @@ rule regimes:
     output:
         "results/{host}/stats/regimes.csv",
     params:
-        spec=as_arg(config["regimes"]),
+        spec=as_arg(regime_rule_spec()),
     conda:
         "../../envs/decodelab.yaml"
     log:
         "logs/{host}/regimes.log",
     shell:
         "decodelab regimes --runs {input} --spec {params.spec} --out {output} 2> {log}"
+
+
+rule regime_depth:
+    input:
+        runs="results/{host}/runs.parquet",
+        regimes="results/{host}/stats/regimes.csv",
+    output:
+        expand("results/{{host}}/stats/regime_{table}.csv", table=REGIME_DEPTH_TABLES),
+    params:
+        spec=as_arg(config["regimes"]),
+        out=lambda wc, output: os.path.dirname(output[0]),
+    conda:
+        "../../envs/decodelab.yaml"
+    log:
+        "logs/{host}/regime_depth.log",
+    shell:
+        "decodelab regime-depth --runs {input.runs} --regimes {input.regimes}"
+        " --spec {params.spec} --out {params.out} 2> {log}"
