@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Rebuild this reference run's tidy tables and figures from raw/ with the DAG's CLI verbs, in the
+# DAG's order and with config/gpu.yaml's statistics settings (the run stopped before its own
+# collect/statistics jobs; see README.md). Run from the repo root: results/reference/cuda-h200/rebuild.sh
+set -euo pipefail
+R=results/reference/cuda-h200
+spec() { python3 -c "import json,sys,yaml; print(json.dumps(yaml.safe_load(open('config/gpu.yaml'))[sys.argv[1]], sort_keys=True))" "$1"; }
+rm -rf "$R/stats" "$R/figures" && mkdir -p "$R/stats" "$R/figures"
+decodelab collect --host cuda-h200 --out "$R/runs.parquet" --environment "$R/stats/environment.csv" \
+  $(ls "$R"/raw/cuda/{sweep,ablation}/*/rep*.parquet)
+decodelab stats --runs "$R/runs.parquet" --spec "$(spec stats)" --latency "$R/stats/latency.csv" --kv "$R/stats/kv_speedup.csv"
+decodelab regimes --runs "$R/runs.parquet" --spec "$(spec regimes)" --out "$R/stats/regimes.csv"
+decodelab regime-depth --runs "$R/runs.parquet" --regimes "$R/stats/regimes.csv" --spec "$(spec regimes)" --out "$R/stats"
+decodelab spec-stats --spec "$(spec stats)" --out "$R/stats" --runs "$R"/raw/speculative/*/rep*.parquet \
+  --parallelism "$R"/raw/*/parallelism/target/rep*.parquet
+decodelab model-table --out "$R/stats/models.csv" "$R"/models/*
+decodelab figures --stats "$R/stats" --out "$R/figures"
+decodelab spec-figures --stats "$R/stats" --out "$R/figures"
