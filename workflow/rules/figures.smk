@@ -11,6 +11,8 @@ rule figures:
         out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/figures.log",
     shell:
@@ -33,6 +35,8 @@ rule speculative_figures:
         out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/speculative_figures.log",
     shell:
@@ -53,6 +57,8 @@ rule verification_figures:
         out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/verification_figures.log",
     shell:

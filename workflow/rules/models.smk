@@ -8,7 +8,9 @@ rule prepare_model:
         teacher=lambda wc, input: f"--teacher-dir {input.teacher}" if input.teacher else "",
     threads: lambda wc: workflow.cores if config["models"][wc.model]["source"] == "train" else 1
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/prepare_model/{model}.log",
     shell:
