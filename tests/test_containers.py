@@ -126,6 +126,16 @@ def test_until_stops_at_the_named_rule(workdir):
     assert set(planned_jobs(out.stdout)) == {"prepare_model", "sweep", "collect"}
 
 
+def test_one_hosts_measurements_stop_before_statistics(workdir):
+    """The README's command for a device host's share: measure and collect, nothing after."""
+    out = snakemake(workdir, "-n", "--until", "collect", "speculative", "parallelism",
+                    "verify_real", "--config", "host=mac", "backends=[mps,cpu]",
+                    "assume_available=[mps]")
+    assert set(planned_jobs(out.stdout)) == {"prepare_model", "sweep", "collect", "speculative",
+                                             "parallelism", "verify_real"}
+    assert "results/mac/mps/sweep/" in out.stdout
+
+
 def test_a_backend_missing_here_is_planned_only_when_assumed(workdir):
     if sys.platform == "darwin":
         pytest.skip("needs a host without MPS")
