@@ -284,3 +284,39 @@ def test_a_cpu_sweep_in_the_image_writes_the_hosts_schema(cpu_image, tmp_path):
     pd.testing.assert_frame_equal(inside_rows.sort_values("budget")[same].reset_index(drop=True),
                                   host_rows.sort_values("budget")[same].reset_index(drop=True))
     assert inside_rows["git_commit"].iloc[0] != "unknown"
+
+
+@pytest.mark.container
+def test_snakemake_runs_the_cpu_rules_in_the_image_under_sdm_apptainer(cpu_image, tmp_path):
+    """Snakemake's own apptainer path; `apptainer` is played by Podman (fake_apptainer.sh)."""
+    workdir = copy_workflow(tmp_path)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "apptainer").symlink_to(ROOT / "tests/fake_apptainer.sh")
+    (workdir / "images").mkdir()
+    (workdir / IMAGES["cpu"]).write_text(cpu_image)
+    (workdir / IMAGES["cuda"]).write_text("unused")
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config |= {"host": "box", "backends": ["cpu"],
+               "sweep": config["sweep"] | {k: v for k, v in TINY_SWEEP.items() if k != "seed"}
+               | {"models": ["gpt2-tiny"], "repeats": 1}}
+    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
+    log = tmp_path / "apptainer.log"
+    env = {**podman_env(), "FAKE_APPTAINER_LOG": str(log),
+           "PATH": f"{bindir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
+                   f"{os.environ['PATH']}"}
+    target = "results/box/cpu/sweep/gpt2-tiny/rep0.parquet"
+    run = subprocess.run([str(Path(sys.executable).with_name("snakemake")), "--sdm", "apptainer",
+                          "--configfile", "tiny.yaml", "--cores", "2", target],
+                         cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and all(IMAGES["cpu"] in c and "--nv" in c for c in calls)
+    assert "decodelab prepare-model" in calls[0] and "decodelab sweep" in calls[1]
+    image_python = subprocess.run(
+        ["podman", "run", "--rm", cpu_image, "python3", "-c",
+         "import platform; print(platform.python_version())"],
+        env=podman_env(), capture_output=True, text=True, check=True).stdout.strip()
+    rows = pd.read_parquet(workdir / target)
+    assert set(rows["python"]) == {image_python}
