@@ -44,6 +44,8 @@ def plan(workdir: Path, configfiles: list[Path], config: list[str], sdm: list[st
                 # the image it would really run in: none unless --sdm apptainer
                 "runs_in": job.container_img_url if job.container_img else None,
                 "conda": Path(str(job.conda_env_spec.file)).name if job.conda_env_spec else None,
+                # `localrules`: on a cluster it runs where snakemake runs, not as a cluster job
+                "local_rule": job.rule.name in workflow._localrules,
             }
             for job in workflow.dag.jobs
         ]

@@ -212,6 +212,11 @@ def test_mps_under_slurm_is_refused_with_a_clear_message(workdir):
     assert "Job stats" not in out.stdout
 
 
+def test_on_a_cluster_only_all_and_paper_stay_where_snakemake_runs(workdir):
+    jobs = job_plan(workdir, "cluster=slurm", "backends=[cpu,cuda]")
+    assert {j["rule"] for j in jobs if j["local_rule"]} == {"all", "paper"}
+
+
 def test_slurm_profile_sets_cluster_and_the_executor():
     profile = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())
     assert profile["executor"] == "slurm"

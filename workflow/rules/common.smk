@@ -274,3 +274,9 @@ if USES_APPTAINER:
 def job_gpu_model(wildcards):
     """The GPU model a CUDA job asks the cluster for; empty (none asked) for every other job."""
     return (config["gpu_model"] or "") if "cuda" in job_devices(wildcards) else ""
+
+
+# On a cluster these run where snakemake runs: `all` does nothing and `paper` needs the host's TeX.
+localrules:
+    all,
+    paper,
