@@ -105,6 +105,13 @@ def test_an_unknown_containers_key_is_rejected(workdir):
     assert out.returncode != 0 and "rocm" in out.stderr + out.stdout
 
 
+@pytest.mark.parametrize("env_file", sorted((ROOT / "envs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_conda_env_gets_decodelab_after_creation(env_file):
+    """Snakemake runs <env>.post-deploy.sh in a new environment; the rules need `decodelab`."""
+    script = env_file.with_name(env_file.stem + ".post-deploy.sh")
+    assert "pip install --quiet --no-deps -e ." in script.read_text()
+
+
 # --- One host's share of the DAG ---------------------------------------------------------------
 
 def test_backends_cpu_plans_only_cpu_jobs(workdir):
