@@ -48,3 +48,5 @@ git diff --quiet HEAD -- src pyproject.toml requirements.lock 2>/dev/null || com
 podman build --network host --build-arg "BASE=$BASE" --build-arg "GIT_COMMIT=$commit" \
   "${extra[@]}" \
   -f envs/cpu.Containerfile -t "$IMAGE" .
+# Each rebuild leaves the previous image untagged; keep the layer cache from growing.
+podman image prune --force > /dev/null
