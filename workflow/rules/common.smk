@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 
 from decodelab.devices import backend_available, why_unavailable
 from decodelab.models import PRESETS, max_positions, preset_config
@@ -18,8 +19,25 @@ def this_host():
     return re.sub(r"[^A-Za-z0-9._-]", "-", name)
 
 
+def check_cluster_backends():
+    if config["cluster"] == "slurm" and "mps" in config["backends"]:
+        raise WorkflowError(
+            "config 'backends' lists 'mps', but the slurm profile (config 'cluster: slurm') runs "
+            "jobs on cluster nodes and no SLURM cluster has Apple MPS: run the MPS rules on the "
+            "Mac itself and pass backends='[cpu,cuda]' here (README: 'Containers, clusters and "
+            "several hosts')"
+        )
+
+
+def planned_here(backend):
+    """Plan a backend's jobs: present here, assumed by config, or on a cluster's nodes."""
+    return (backend_available(backend) or backend in config["assume_available"]
+            or config["cluster"] == "slurm")
+
+
+check_cluster_backends()
 HOST = this_host()
-BACKENDS = [b for b in config["backends"] if backend_available(b)]
+BACKENDS = [b for b in config["backends"] if planned_here(b)]
 SKIPPED = [b for b in config["backends"] if b not in BACKENDS]
 for _b in SKIPPED:
     if config["strict"]:
@@ -236,3 +254,60 @@ def verification_reports(wildcards):
         f"results/{HOST}/verification/exact.json",
         f"results/{HOST}/verification/monte_carlo.json",
     ] + [f"results/{HOST}/verification/real_{pair}.json" for pair in VERIFY_PAIRS]
+
+
+# Where each job runs: its devices pick the Apptainer image (`--sdm apptainer`) and the conda
+# environment (`--sdm conda`). MPS jobs get no image: Metal is unreachable from a Linux container.
+IMAGES = config["containers"]
+USES_APPTAINER = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+
+
+def job_devices(wildcards):
+    """The devices a job runs on: its backend, its configuration's two devices, else the CPU."""
+    names = wildcards.keys()
+    if "backend" in names:
+        return {wildcards.backend}
+    if "pair" in names:
+        return pair_devices(wildcards)
+    return {"cpu"}
+
+
+def job_backend(wildcards):
+    devices = job_devices(wildcards)
+    return next(b for b in ("mps", "cuda", "cpu") if b in devices)
+
+
+def job_container(wildcards):
+    backend = job_backend(wildcards)
+    return None if backend == "mps" else IMAGES[backend]
+
+
+def job_conda_env(wildcards):
+    return f"../../envs/{job_backend(wildcards)}.yaml"
+
+
+def check_local_images():
+    """Under --sdm apptainer, an image given as a file must exist before any job starts."""
+    needed = {"cpu"} | ({"cuda"} & set(BACKENDS))
+    for backend in sorted(needed):
+        image = IMAGES[backend]
+        if "://" not in image and not Path(image).exists():
+            raise WorkflowError(
+                f"config 'containers.{backend}': image {image!r} does not exist; build it "
+                f"(envs/README.md) or run without --sdm apptainer"
+            )
+
+
+if USES_APPTAINER:
+    check_local_images()
+
+
+def job_gpu_model(wildcards):
+    """The GPU model a CUDA job asks the cluster for; empty (none asked) for every other job."""
+    return (config["gpu_model"] or "") if "cuda" in job_devices(wildcards) else ""
+
+
+# On a cluster these run where snakemake runs: `all` does nothing and `paper` needs the host's TeX.
+localrules:
+    all,
+    paper,

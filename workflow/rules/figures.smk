@@ -14,6 +14,8 @@ rule figures:
         out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/figures.log",
     shell:
@@ -36,6 +38,8 @@ rule speculative_figures:
         out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/speculative_figures.log",
     shell:
@@ -56,6 +60,8 @@ rule verification_figures:
         out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/verification_figures.log",
     shell:

@@ -11,7 +11,9 @@ rule prepare_model:
         gpu=lambda wc: int(config["models"][wc.model].get("device") == "cuda"),
         mps=lambda wc: int(config["models"][wc.model].get("device") == "mps"),
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/prepare_model/{model}.log",
     shell:

@@ -5,6 +5,8 @@ rule settings:
         spec=as_arg(paper_settings()),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         f"logs/{HOST}/settings.log",
     shell:
@@ -36,6 +38,8 @@ rule paper:
         figures=lambda wc, input: os.path.dirname(input.figures[0]),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        None  # latexmk is on the host (`make tex`); the images carry no TeX
     log:
         "logs/paper.log",
     shell:

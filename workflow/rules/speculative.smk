@@ -17,9 +17,12 @@ rule speculative:
     resources:
         bench_cpu=lambda wc: int("cpu" in pair_devices(wc)),
         gpu=lambda wc: int("cuda" in pair_devices(wc)),
+        gpu_model=job_gpu_model,
         mps=lambda wc: int("mps" in pair_devices(wc)),
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/{host}/speculative/{pair}/rep{repeat}.log",
     benchmark:
@@ -44,9 +47,12 @@ rule parallelism:
     resources:
         bench_cpu=lambda wc: int(wc.backend == "cpu"),
         gpu=lambda wc: int(wc.backend == "cuda"),
+        gpu_model=job_gpu_model,
         mps=lambda wc: int(wc.backend == "mps"),
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/{host}/{backend}/parallelism/{model}/rep{repeat}.log",
     benchmark:
@@ -70,7 +76,9 @@ rule speculative_stats:
         spec=as_arg(config["stats"]),
         out=lambda wc, output: os.path.dirname(output[0]),
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/{host}/speculative_stats.log",
     shell:
@@ -84,7 +92,9 @@ rule model_table:
     output:
         "results/{host}/stats/models.csv",
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/{host}/model_table.log",
     shell:

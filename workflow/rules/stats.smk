@@ -6,6 +6,8 @@ rule collect:
         environment="results/{host}/stats/environment.csv",
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/collect.log",
     shell:
@@ -20,6 +22,8 @@ rule skipped:
         backends=" ".join(SKIPPED),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/skipped.log",
     shell:
@@ -36,6 +40,8 @@ rule statistics:
         spec=as_arg(config["stats"]),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/statistics.log",
     shell:
@@ -52,6 +58,8 @@ rule regimes:
         spec=as_arg(regime_rule_spec()),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/regimes.log",
     shell:

@@ -17,9 +17,12 @@ rule sweep:
     resources:
         bench_cpu=lambda wc: int(wc.backend == "cpu"),
         gpu=lambda wc: int(wc.backend == "cuda"),
+        gpu_model=job_gpu_model,
         mps=lambda wc: int(wc.backend == "mps"),
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/{host}/{backend}/{experiment}/{model}/rep{repeat}.log",
     benchmark:

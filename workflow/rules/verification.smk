@@ -11,7 +11,9 @@ rule verify_exact:
     params:
         spec=as_arg(verification_spec()),
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/{host}/verification/exact.log",
     benchmark:
@@ -27,7 +29,9 @@ rule verify_monte_carlo:
     params:
         spec=as_arg(verification_spec()),
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/{host}/verification/monte_carlo.log",
     benchmark:
@@ -49,9 +53,12 @@ rule verify_real:
     resources:
         bench_cpu=lambda wc: int("cpu" in pair_devices(wc)),
         gpu=lambda wc: int("cuda" in pair_devices(wc)),
+        gpu_model=job_gpu_model,
         mps=lambda wc: int("mps" in pair_devices(wc)),
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/{host}/verification/real_{pair}.log",
     benchmark:
@@ -73,7 +80,9 @@ rule verification_stats:
     params:
         out=lambda wc, output: os.path.dirname(output[0]),
     conda:
-        "../../envs/decodelab.yaml"
+        job_conda_env
+    container:
+        job_container
     log:
         "logs/{host}/verification_stats.log",
     shell:

@@ -1,0 +1,1 @@
+decodelab.post-deploy.sh
