@@ -42,6 +42,8 @@ def devices_of(job: dict, config: dict) -> set[str]:
     if "pair" in wildcards:
         pair = config["speculative"]["pairs"][wildcards["pair"]]
         return {pair["target_device"], pair["draft_device"]}
+    if "model" in wildcards:
+        return {config["models"][wildcards["model"]].get("device", "cpu")}
     return {"cpu"}
 
 

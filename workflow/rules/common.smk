@@ -263,12 +263,15 @@ USES_APPTAINER = DeploymentMethod.APPTAINER in workflow.deployment_settings.depl
 
 
 def job_devices(wildcards):
-    """The devices a job runs on: its backend, its configuration's two devices, else the CPU."""
+    """The devices a job runs on: its backend, its configuration's two devices, a train model's
+    device, else the CPU."""
     names = wildcards.keys()
     if "backend" in names:
         return {wildcards.backend}
     if "pair" in names:
         return pair_devices(wildcards)
+    if "model" in names:  # prepare_model: a train model trains on its `device`
+        return {config["models"][wildcards.model].get("device", "cpu")}
     return {"cpu"}
 
 

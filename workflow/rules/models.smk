@@ -10,6 +10,7 @@ rule prepare_model:
     resources:
         gpu=lambda wc: int(config["models"][wc.model].get("device") == "cuda"),
         mps=lambda wc: int(config["models"][wc.model].get("device") == "mps"),
+        gpu_model=job_gpu_model,
     conda:
         job_conda_env
     container:

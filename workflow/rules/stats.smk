@@ -77,6 +77,8 @@ rule regime_depth:
         out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
+    container:
+        job_container
     log:
         "logs/{host}/regime_depth.log",
     shell:
