@@ -334,3 +334,37 @@ def test_paper_compiles_with_two_hosts_references_and_benchmarks(merged, tmp_pat
     assert not overfull(log), overfull(log)
     text = (tmp_path / "build" / "generated" / "tab_reference.tex").read_text()
     assert "not comparable" in text and r"\texttt{default-cpu}" in text
+
+
+# -----------------------------------------------------------------------------
+# figures: every file a figure rule draws is in the paper, with the rule and its rerun command
+
+def figure_rules() -> dict[str, str]:
+    """figure stem -> the rule whose output it is, read from workflow/rules/figures.smk."""
+    text = (Path(__file__).resolve().parents[1] / "workflow/rules/figures.smk").read_text()
+    stems = {}
+    for block in re.split(r"^rule ", text, flags=re.M)[1:]:
+        rule = block.split(":", 1)[0].strip()
+        output = block.split("output:", 1)[1].split("params:", 1)[0]
+        for stem in re.findall(r"figures/(\w+)\.pdf", output):
+            stems[stem] = rule
+    return stems
+
+
+def test_every_figure_file_is_in_the_paper_with_its_rule():
+    rules = figure_rules()
+    assert len(rules) >= 8, rules
+    text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
+    floats = re.findall(r"\\begin\{figure\}(.*?)\\end\{figure\}", text, flags=re.S)
+    shown = {}
+    for body in floats:
+        graphics = re.findall(r"\\includegraphics(?:\[[^\]]*\])?\{figures/(\w+)\.pdf\}", body)
+        assert graphics, body[:80]
+        made = re.findall(r"\\madeby\{([^}]*)\}", body)
+        assert len(made) == 1, f"a figure without its \\madeby: {graphics}"
+        for stem in graphics:
+            shown[stem] = made[0].replace("\\_", "_")
+    assert shown == rules, {k: (shown.get(k), rules.get(k)) for k in set(shown) | set(rules)
+                            if shown.get(k) != rules.get(k)}
+    madeby = re.search(r"\\newcommand\{\\madeby\}\[1\]\{(.*?)\}\}", text, flags=re.S).group(1)
+    assert "rule \\cmd{#1}" in madeby and "snakemake -{}-forcerun #1" in madeby

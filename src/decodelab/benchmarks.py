@@ -79,6 +79,9 @@ def markdown(summary: pd.DataFrame, host: str) -> str:
     lines = ["| rule | jobs | total (min) | median per job (s) | max per job (s) | "
              "peak memory, max (MB) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in summary.itertuples():
+        if not r.jobs:
+            lines.append(f"| `{r.rule}` | 0 of {r.expected} | not benchmarked here | | | |")
+            continue
         lines.append(f"| `{r.rule}` | {r.jobs} of {r.expected} | {r.total_s / 60:.1f} | "
                      f"{r.median_s:.1f} | {r.max_s:.1f} | {r.max_rss_mb:.0f} |")
     total = summary["total_s"].sum() / 60
