@@ -220,8 +220,8 @@ def test_reference_tex_says_what_matched_and_what_did_not(tmp_path):
     assert m["NumReferences"] == "2" and m["ifRefAnyNotComparable"] == "true"
     assert m["RefNotComparable"] == r"\texttt{cuda-h200}"
     tex = (tmp_path / "gen" / "tab_reference.tex").read_text()
-    assert "not comparable, only in the reference:" in tex and "cuda, gpt2-tiny" in tex
-    assert re.search(r"decode \(ms\) & cpu, gpt2-tiny & 10 & [\d.]+ & [\d.]+ & 2\.00", tex)
+    assert "not comparable, only in the reference:" in tex and "cuda/gpt2-tiny" in tex
+    assert re.search(r"decode \(ms\) & cpu/gpt2-tiny & 10 & [\d.]+ & [\d.]+ & 2\.00", tex)
 
 
 # -----------------------------------------------------------------------------
@@ -368,3 +368,14 @@ def test_every_figure_file_is_in_the_paper_with_its_rule():
                             if shown.get(k) != rules.get(k)}
     madeby = re.search(r"\\newcommand\{\\madeby\}\[1\]\{(.*?)\}\}", text, flags=re.S).group(1)
     assert "rule \\cmd{#1}" in madeby and "snakemake -{}-forcerun #1" in madeby
+
+
+def test_a_reference_row_does_not_make_a_backend_shared(tmp_path):
+    """vm's comparison lists a reference's mps rows; the Mac's mps still keeps its name."""
+    vm = host_dir(tmp_path / "results" / "vm")
+    pd.DataFrame([{"reference": "r", "quantity": "decode_s", "backend": "mps"}]).to_csv(
+        vm / "stats" / "reference_comparison.csv", index=False)
+    mac = host_dir(tmp_path / "results" / "mac", backends=("mps",), pairs=("mps-mps",))
+    out = tmp_path / "combined"
+    hosts.merge({"vm": vm, "mac": mac}, "vm", out, ["environment", "reference_comparison"])
+    assert set(pd.read_csv(out / "environment.csv")["backend"]) == {"cpu", "mps"}

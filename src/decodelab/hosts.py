@@ -140,11 +140,12 @@ def read_host_tables(root: Path) -> dict[str, pd.DataFrame]:
 
 
 def shared_names(by_host: dict[str, dict[str, pd.DataFrame]], column: str) -> set[str]:
-    """Values of `column` that more than one host ran (skipped backends do not count)."""
+    """Values of `column` that more than one host ran (skipped backends and the reference
+    comparison's rows, which are other machines', do not count)."""
     seen: dict[str, set[str]] = {}
     for host, tables in by_host.items():
         for name, df in tables.items():
-            if name == "skipped":  # a backend skipped on a host did not run there
+            if name == "skipped" or name in LOCAL_ONLY:  # not what ran on that host
                 continue
             if column in df and len(df):
                 for value in df[column].dropna().astype(str):

@@ -143,9 +143,9 @@ def summary(comparison: pd.DataFrame) -> pd.DataFrame:
                                      "ratio_max", "local_device", "reference_device"])
     df = comparison.copy()
     df["subject"] = np.where(df["backend"].fillna("") != "",
-                             df["backend"].astype(str) + ", " + df["model"].astype(str),
+                             df["backend"].astype(str) + "/" + df["model"].astype(str),
                              df["pair"].astype(str) + np.where(df["mode"].fillna("") != "",
-                                                               ", " + df["mode"].astype(str),
+                                                               "/" + df["mode"].astype(str),
                                                                ""))
     rows = []
     order = {q: i for i, q in enumerate(QUANTITIES)}

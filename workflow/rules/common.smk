@@ -10,6 +10,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from decodelab.devices import backend_available, why_unavailable
+from decodelab.hosts import REQUIRED, RESERVED
 from decodelab.models import PRESETS, max_positions, preset_config
 
 
@@ -210,18 +211,16 @@ def verification_reports(wildcards):
 # Other hosts: results imported with `decodelab import` into results/<host>/ that the paper
 # merges beside this host's. They are inputs, never outputs: only this host's rules match.
 IMPORTED = config.get("hosts", [])
-RESERVED_RESULTS = ("reference", "combined", "paper", "models", "bench")
 
 
 def check_hosts():
-    if HOST in RESERVED_RESULTS:
+    if HOST in RESERVED:
         raise WorkflowError(f"host name {HOST!r} is reserved (results/{HOST} is not a host's); "
                             "set 'host' in the config")
     for host in IMPORTED:
-        if host == HOST or host in RESERVED_RESULTS:
+        if host == HOST or host in RESERVED:
             raise WorkflowError(f"config 'hosts': {host!r} is this host or a reserved name")
-        missing = [f"results/{host}/stats/{t}.csv" for t in
-                   ("environment", "latency", "kv_speedup", "regimes", "skipped")
+        missing = [f"results/{host}/stats/{t}.csv" for t in REQUIRED
                    if not Path(f"results/{host}/stats/{t}.csv").is_file()]
         if missing:
             raise WorkflowError(f"config 'hosts' lists {host!r} but {', '.join(missing)} is "
