@@ -7,7 +7,7 @@ TEX_PACKAGES := latexmk texlive-latex-recommended texlive-fonts-recommended texl
 CONTAINER_PACKAGES := podman runc debootstrap
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup tex container-image reproduce paper test bench lint clean
+.PHONY: setup tex container-image reproduce paper report artifact-times test bench lint clean
 
 setup: $(STAMP) tex
 
@@ -34,9 +34,25 @@ tex:
 reproduce: setup
 	$(BIN)/snakemake
 
+# Rules that only read what measurements wrote. `make paper` lets Snakemake run nothing else, so
+# files of measuring rules (raw runs, models.csv, benchmarks) are taken as they are, even when
+# results/models/ is absent: it never re-measures and never rebuilds a model.
+PAPER_RULES := collect skipped statistics regimes regime_depth settings figures speculative_stats \
+	speculative_figures verification_stats verification_figures reference_comparison \
+	benchmark_summary merge_hosts paper all
+
 # Rebuild statistics, figures and the PDF from existing raw runs; never re-measures.
 paper: setup
-	$(BIN)/snakemake --allowed-rules collect skipped statistics regimes regime_depth settings figures paper all
+	$(BIN)/snakemake --allowed-rules $(PAPER_RULES)
+
+# An HTML report (figures and tables by category, rules, runtimes) of the finished DAG.
+report: paper
+	$(BIN)/snakemake --report results/report.html
+
+# The per-rule time table of ARTIFACT.md, from the benchmark files of the runs here.
+artifact-times: setup
+	$(BIN)/snakemake --allowed-rules $(PAPER_RULES) results/combined/stats/benchmarks.csv
+	$(BIN)/decodelab artifact-times --benchmarks results/combined/stats/benchmarks.csv
 
 # The CPU image (envs/cpu.Containerfile) built with Podman on a Debian base made here, for the
 # container test (tests/test_containers.py, `pytest -m container`): Podman, runc and debootstrap

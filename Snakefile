@@ -23,9 +23,11 @@ include: "workflow/rules/speculative.smk"
 include: "workflow/rules/verification.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/paper.smk"
+include: "workflow/rules/artifact.smk"
 
 
 rule all:
     default_target: True
     input:
         "results/paper/paper.pdf",
+        expand(f"results/{HOST}/figures/{{fig}}.pdf", fig=PAPER_FIGURES),

@@ -130,7 +130,14 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(workdir):
     rerun = set(planned_jobs(changed.stdout))
     assert {"statistics", "speculative_stats", "paper"} <= rerun
     assert rerun <= {"statistics", "speculative_stats", "figures", "speculative_figures",
-                     "settings", "paper", "all"}
+                     "verification_figures", "reference_comparison", "merge_hosts", "settings",
+                     "paper", "all"}
+
+    report = snakemake(workdir, "--report", "results/report.html")
+    added = set(re.findall(r"Adding (\S+) \(", report.stderr + report.stdout))
+    assert {f"{fig}.png" for fig in included} | {"paper.pdf", "benchmarks.csv"} <= added
+    bench = (workdir / "results/combined/stats/benchmarks.csv").read_text()
+    assert re.search(r"^prepare_model,5,5,", bench, re.M)  # every measuring rule benchmarked
 
     regimes = yaml.safe_load((ROOT / "config.yaml").read_text())["regimes"]
     regimes["changepoints"] = {**regimes["changepoints"], "penalty": 8.0}
@@ -155,3 +162,120 @@ def test_conda_env_pins_equal_requirements_lock(env_file):
     pins = [line for line in pip if not line.startswith("--")]  # index options are not pins
     lock = [line for line in (ROOT / "requirements.lock").read_text().splitlines() if line]
     assert pins == lock
+
+
+# -----------------------------------------------------------------------------
+# a finished tree (every output present and up to date, files empty): what runs next
+
+HOST = "testhost"
+DOWNSTREAM = {"merge_hosts", "figures", "speculative_figures", "verification_figures", "paper",
+              "all"}
+MEASURING = {"prepare_model", "sweep", "speculative", "parallelism", "verify_exact",
+             "verify_monte_carlo", "verify_real", "model_table"}
+FIGURES = ["latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory",
+           "verification_tokens", "verification_pvalues", "regime_depth", "changepoints"]
+
+
+def all_outputs(workdir: Path, config: Path) -> list[tuple[str, str]]:
+    """(path, rule) of every output of the DAG, from `snakemake --summary`."""
+    out = snakemake(workdir, "--summary", "--configfile", str(config)).stdout
+    rows = [line.split("\t") for line in out.splitlines()[1:] if "\t" in line]
+    return [(r[0], r[2]) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def finished_tree(tmp_path_factory) -> Path:
+    root = copy_workflow(tmp_path_factory.mktemp("finished"))
+    config = write_config(root, host=HOST)
+    for path, rule in all_outputs(root, config):
+        target = root / path
+        if rule == "prepare_model":
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+    snakemake(root, "--touch", "--configfile", str(config))
+    assert "Nothing to be done" in snakemake(root, "-n", "--configfile", str(config)).stdout
+    return root
+
+
+@pytest.fixture
+def finished(finished_tree, tmp_path) -> Path:
+    dest = tmp_path / "tree"
+    shutil.copytree(finished_tree, dest, symlinks=True)
+    return dest
+
+
+def decodelab(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    exe = str(Path(sys.executable).with_name("decodelab"))
+    proc = subprocess.run([exe, *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(proc.stderr)
+    return proc
+
+
+def other_host(root: Path) -> Path:
+    for name in ("environment", "latency", "kv_speedup", "regimes", "skipped"):
+        (root / "stats").mkdir(parents=True, exist_ok=True)
+        (root / "stats" / f"{name}.csv").write_text("host,backend\nmac,mps\n")
+    return root
+
+
+def test_importing_a_host_plans_only_downstream_rules(finished, tmp_path):
+    decodelab("import", "--from", str(other_host(tmp_path / "mac")), "--host", "mac",
+              "--results", str(finished / "results"))
+    config = write_config(finished, host=HOST, hosts=["mac"])
+    jobs = planned_jobs(snakemake(finished, "-n", "--configfile", str(config)).stdout)
+    assert "merge_hosts" in jobs and "paper" in jobs
+    assert set(jobs) <= DOWNSTREAM, set(jobs) - DOWNSTREAM
+    assert jobs["figures"] == 1  # the merged figures only; this host's stay as they are
+
+
+def test_a_listed_host_that_was_not_imported_is_an_error(finished):
+    config = write_config(finished, host=HOST, hosts=["mac"])
+    out = snakemake(finished, "-n", "--configfile", str(config), check=False)
+    assert out.returncode != 0
+    assert "results/mac/stats/environment.csv" in out.stderr + out.stdout
+    assert "decodelab import" in out.stderr + out.stdout
+
+
+def paper_rules() -> list[str]:
+    makefile = (ROOT / "Makefile").read_text()
+    rules = re.search(r"^PAPER_RULES := (.*?)(?<!\\)\n", makefile, re.M | re.S).group(1)
+    return rules.replace("\\\n", " ").split()
+
+
+def test_make_paper_never_measures_even_without_models(finished):
+    assert not set(paper_rules()) & MEASURING
+    shutil.rmtree(finished / "results/models")
+    config = write_config(finished, host=HOST)
+    (finished / f"results/{HOST}/runs.parquet").write_text("x")  # the statistics are stale
+    out = snakemake(finished, "-n", "--configfile", str(config), "--allowed-rules",
+                    *paper_rules())
+    jobs = planned_jobs(out.stdout)
+    assert {"statistics", "regimes", "paper"} <= set(jobs)
+    assert set(jobs) <= set(paper_rules()) - MEASURING
+
+    raw = finished / f"results/{HOST}/cpu/sweep/gpt2-tiny/rep0.parquet"
+    raw.unlink()  # a measurement is missing: recollecting would train and measure again
+    again = ("-n", "--configfile", str(config), "--forcerun", "collect")
+    plain = planned_jobs(snakemake(finished, *again).stdout)
+    assert "prepare_model" in plain and "sweep" in plain
+    paper = snakemake(finished, *again, "--allowed-rules", *paper_rules(), check=False)
+    if paper.returncode == 0:  # the missing file is taken as given, nothing is measured
+        assert set(planned_jobs(paper.stdout)) <= set(paper_rules()) - MEASURING
+    else:  # or refused, naming it
+        assert "rep0.parquet" in paper.stdout + paper.stderr
+
+
+def test_report_has_every_figure_and_table_by_category(finished):
+    config = write_config(finished, host=HOST)
+    out = snakemake(finished, "--report", "report.html", "--configfile", str(config))
+    added = set(re.findall(r"Adding (\S+) \(", out.stderr + out.stdout))
+    assert {f"{fig}.png" for fig in FIGURES} <= added
+    assert {"paper.pdf", "latency.csv", "reference_comparison.csv", "benchmarks.csv",
+            "hosts.csv", "verification_levels.csv", "speculative_speedup.csv"} <= added
+    html = (finished / "report.html").read_text()
+    for category in ("Decode regimes", "KV cache", "Speculative", "Verification", "Paper",
+                     "Benchmarks"):
+        assert category in html, category

@@ -285,6 +285,52 @@ def paper(args):
              Path(args.build_dir), Path(args.out))
 
 
+def import_results(args):
+    from . import hosts
+
+    dest = hosts.import_host(Path(args.source), args.host, Path(args.results), args.replace)
+    print(f"imported {args.source} as host {args.host!r} into {dest}; add it to 'hosts' in the "
+          "config so that the paper merges it")
+
+
+def merge_hosts(args):
+    from . import hosts
+
+    roots = dict(pair.split("=", 1) for pair in args.hosts)
+    hosts.merge({h: Path(r) for h, r in roots.items()}, args.local, Path(args.out), args.tables)
+
+
+def compare_reference(args):
+    from . import reference
+    from .io import write_table
+
+    refs = reference.reference_dirs(Path(args.references))
+    table = reference.compare(Path(args.stats), refs)
+    write_table(table, args.out)
+    if not refs:
+        print(f"decodelab compare-reference: no reference run under {args.references}",
+              file=sys.stderr)
+
+
+def benchmark_summary(args):
+    from . import benchmarks
+    from .io import write_table
+
+    write_table(benchmarks.summarise(args.files), args.out)
+
+
+def artifact_times(args):
+    import pandas as pd
+
+    from . import benchmarks
+
+    bench = pd.read_csv(args.benchmarks)
+    if "host" not in bench:
+        bench["host"] = args.host or "this host"
+    for host, rows in bench.groupby("host"):
+        print(benchmarks.markdown(rows, str(host)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="decodelab", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -429,6 +475,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-dir", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=paper)
+
+    p = verbs.add_parser("import", help="copy another host's results into results/<host>/")
+    p.add_argument("--from", dest="source", required=True,
+                   help="that host's results/<host>/ directory, or a tarball of it")
+    p.add_argument("--host", required=True, help="the name it gets here")
+    p.add_argument("--results", default="results", help="the results directory")
+    p.add_argument("--replace", action="store_true", help="overwrite results/<host>/")
+    p.set_defaults(func=import_results)
+
+    p = verbs.add_parser("merge-hosts", help="every host's tables in one directory, per host")
+    p.add_argument("--local", required=True, help="this host's name")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tables", nargs="+", required=True, help="table names to write")
+    p.add_argument("--hosts", nargs="+", required=True, help="host=results/<host> pairs")
+    p.set_defaults(func=merge_hosts)
+
+    p = verbs.add_parser("compare-reference", help="this run against results/reference/*")
+    p.add_argument("--stats", required=True, help="this host's stats directory")
+    p.add_argument("--references", default="results/reference")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=compare_reference)
+
+    p = verbs.add_parser("benchmarks", help="Snakemake benchmark files summarised per rule")
+    p.add_argument("--out", required=True)
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=benchmark_summary)
+
+    p = verbs.add_parser("artifact-times", help="the per-rule time table for ARTIFACT.md")
+    p.add_argument("--benchmarks", required=True, help="a stats/benchmarks.csv")
+    p.add_argument("--host", help="the host's name when the table has no host column")
+    p.set_defaults(func=artifact_times)
     return parser
 
 

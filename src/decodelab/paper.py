@@ -1704,6 +1704,11 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
               **{name: str(ready).lower() for name, ready in stages.items()}}
     flags = {**env_flags, **reg_flags, "AnyInitWeights": bool(init_models(settings)),
              **spec_flags, **ver_flags, **stages, **depth_flags}
+    from .paper_artifact import artifact_parts  # imports this module: no cycle at load
+
+    artifact_macros, artifact_flags, artifact_files = artifact_parts(stats_dir)
+    macros.update(artifact_macros)
+    flags.update(artifact_flags)
     files = {
         "macros.tex": macros_tex(macros, flags),
         "tab_environment.tex": environment_table(t["environment"]),
@@ -1718,6 +1723,7 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
         "tab_verification.tex": verification_table(ver),
         "tab_power.tex": power_table(ver),
         "tab_regime_depth.tex": regime_depth_table(read_regime_depth(stats_dir)),
+        **artifact_files,
     }
     out_dir = Path(out_dir)
     return [atomic(out_dir / name, lambda p, text=text: p.write_text(text))

@@ -11,6 +11,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
 from decodelab.devices import backend_available, why_unavailable
+from decodelab.hosts import REQUIRED, RESERVED
 from decodelab.models import PRESETS, max_positions, preset_config
 
 
@@ -314,3 +315,73 @@ def job_gpu_model(wildcards):
 localrules:
     all,
     paper,
+
+
+# Other hosts: results imported with `decodelab import` into results/<host>/ that the paper
+# merges beside this host's. They are inputs, never outputs: only this host's rules match.
+IMPORTED = config.get("hosts", [])
+
+
+def check_hosts():
+    if HOST in RESERVED:
+        raise WorkflowError(f"host name {HOST!r} is reserved (results/{HOST} is not a host's); "
+                            "set 'host' in the config")
+    for host in IMPORTED:
+        if host == HOST or host in RESERVED:
+            raise WorkflowError(f"config 'hosts': {host!r} is this host or a reserved name")
+        missing = [f"results/{host}/stats/{t}.csv" for t in REQUIRED
+                   if not Path(f"results/{host}/stats/{t}.csv").is_file()]
+        if missing:
+            raise WorkflowError(f"config 'hosts' lists {host!r} but {', '.join(missing)} is "
+                                f"missing; import it first: decodelab import --from <dir or "
+                                f"tarball> --host {host}")
+
+
+check_hosts()
+
+
+wildcard_constraints:
+    host=re.escape(HOST),
+
+
+def imported_tables(wildcards):
+    """The imported hosts' stats tables that exist: whatever their run produced."""
+    return sorted(str(p) for host in IMPORTED for p in Path(f"results/{host}/stats").glob("*.csv"))
+
+
+def reference_tables(wildcards):
+    return sorted(str(p) for p in Path("results/reference").glob("*/stats/*.csv"))
+
+
+def benchmark_file(output):
+    return re.sub(r"\.(parquet|json)$", ".tsv", re.sub(r"^results/", "benchmarks/", output))
+
+
+def measured_outputs(wildcards):
+    return (raw_runs(wildcards) + speculative_runs(wildcards) + parallelism_runs(wildcards)
+            + verification_reports(wildcards))
+
+
+def benchmark_files(wildcards):
+    """Every measuring job's benchmark file: the raw outputs' paths under benchmarks/."""
+    return [benchmark_file(p) for p in measured_outputs(wildcards)] + [
+        f"benchmarks/prepare_model/{model}.tsv" for model in sorted(config["models"])]
+
+
+# Categories of the HTML report (`snakemake --report`) for the merged tables.
+REPORT_CATEGORY = {
+    "latency": "Decode regimes", "regimes": "Decode regimes", "kv_speedup": "KV cache",
+    "models": "Speculative", "benchmarks": "Benchmarks", "environment": "Hosts and reference",
+    "skipped": "Hosts and reference", "hosts": "Hosts and reference",
+    "reference_comparison": "Hosts and reference",
+}
+
+
+def report_category(table):
+    if table.startswith("speculative_"):
+        return "Speculative"
+    if table.startswith("verification_"):
+        return "Verification"
+    if table.startswith("regime_"):
+        return "Decode regimes"
+    return REPORT_CATEGORY.get(table, "Other tables")

@@ -1,3 +1,7 @@
+# Figures of this host (results/<host>/figures/) and of all hosts merged (results/combined/).
+FIGURE_HOSTS = f"{re.escape(HOST)}|combined"
+
+
 rule figures:
     input:
         "results/{host}/stats/latency.csv",
@@ -5,10 +9,36 @@ rule figures:
         "results/{host}/stats/regimes.csv",
         expand("results/{{host}}/stats/regime_{table}.csv", table=REGIME_DEPTH_TABLES),
     output:
-        multiext("results/{host}/figures/latency", ".pdf", ".png"),
-        multiext("results/{host}/figures/kv_speedup", ".pdf", ".png"),
-        multiext("results/{host}/figures/regime_depth", ".pdf", ".png"),
-        multiext("results/{host}/figures/changepoints", ".pdf", ".png"),
+        "results/{host}/figures/latency.pdf",
+        report(
+            "results/{host}/figures/latency.png",
+            caption="../report/latency.rst",
+            category="Decode regimes",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/kv_speedup.pdf",
+        report(
+            "results/{host}/figures/kv_speedup.png",
+            caption="../report/kv_speedup.rst",
+            category="KV cache",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/regime_depth.pdf",
+        report(
+            "results/{host}/figures/regime_depth.png",
+            caption="../report/regime_depth.rst",
+            category="Decode regimes",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/changepoints.pdf",
+        report(
+            "results/{host}/figures/changepoints.png",
+            caption="../report/changepoints.rst",
+            category="Decode regimes",
+            subcategory="{host}",
+        ),
+    wildcard_constraints:
+        host=FIGURE_HOSTS,
     params:
         stats=lambda wc, input: os.path.dirname(input[0]),
         out=lambda wc, output: os.path.dirname(output[0]),
@@ -29,10 +59,36 @@ rule speculative_figures:
             table=["acceptance", "speedup", "theory", "hf", "parallelism"],
         ),
     output:
-        multiext("results/{host}/figures/acceptance", ".pdf", ".png"),
-        multiext("results/{host}/figures/speedup", ".pdf", ".png"),
-        multiext("results/{host}/figures/parallelism", ".pdf", ".png"),
-        multiext("results/{host}/figures/theory", ".pdf", ".png"),
+        "results/{host}/figures/acceptance.pdf",
+        report(
+            "results/{host}/figures/acceptance.png",
+            caption="../report/acceptance.rst",
+            category="Speculative",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/speedup.pdf",
+        report(
+            "results/{host}/figures/speedup.png",
+            caption="../report/speedup.rst",
+            category="Speculative",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/parallelism.pdf",
+        report(
+            "results/{host}/figures/parallelism.png",
+            caption="../report/parallelism.rst",
+            category="Speculative",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/theory.pdf",
+        report(
+            "results/{host}/figures/theory.png",
+            caption="../report/theory.rst",
+            category="Speculative",
+            subcategory="{host}",
+        ),
+    wildcard_constraints:
+        host=FIGURE_HOSTS,
     params:
         stats=lambda wc, input: os.path.dirname(input[0]),
         out=lambda wc, output: os.path.dirname(output[0]),
@@ -53,8 +109,22 @@ rule verification_figures:
             table=["levels", "power", "pvalues", "tokens", "greedy"],
         ),
     output:
-        multiext("results/{host}/figures/verification_tokens", ".pdf", ".png"),
-        multiext("results/{host}/figures/verification_pvalues", ".pdf", ".png"),
+        "results/{host}/figures/verification_tokens.pdf",
+        report(
+            "results/{host}/figures/verification_tokens.png",
+            caption="../report/verification_tokens.rst",
+            category="Verification",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/verification_pvalues.pdf",
+        report(
+            "results/{host}/figures/verification_pvalues.png",
+            caption="../report/verification_pvalues.rst",
+            category="Verification",
+            subcategory="{host}",
+        ),
+    wildcard_constraints:
+        host=FIGURE_HOSTS,
     params:
         stats=lambda wc, input: os.path.dirname(input[0]),
         out=lambda wc, output: os.path.dirname(output[0]),

@@ -17,6 +17,8 @@ rule prepare_model:
         job_container
     log:
         "logs/prepare_model/{model}.log",
+    benchmark:
+        "benchmarks/prepare_model/{model}.tsv"
     shell:
         "decodelab prepare-model --spec {params.spec} {params.teacher} --threads {threads}"
         " --out {output} 2> {log}"

@@ -1,3 +1,20 @@
+# The tables and figures the paper reads. merge_hosts writes the tables of this host and of
+# every imported one (config 'hosts') to results/combined/stats/; the figure rules draw
+# results/combined/figures/ from them.
+LOCAL_TABLES = (
+    ["latency", "kv_speedup", "regimes", "environment", "skipped", "models"]
+    + [f"speculative_{t}" for t in ("acceptance", "speedup", "theory", "hf", "parallelism")]
+    + [f"verification_{t}" for t in ("levels", "power", "pvalues", "tokens", "greedy")]
+    + [f"regime_{t}" for t in REGIME_DEPTH_TABLES]
+    + ["reference_comparison", "benchmarks"]
+)
+PAPER_TABLES = LOCAL_TABLES + ["hosts"]
+PAPER_FIGURES = ["latency", "kv_speedup", "regime_depth", "changepoints", "acceptance", "speedup", "parallelism", "theory"] + [
+    "verification_tokens",
+    "verification_pvalues",
+]
+
+
 rule settings:
     output:
         f"results/{HOST}/settings.json",
@@ -17,22 +34,10 @@ rule paper:
     input:
         sources=sorted(str(p) for p in Path("paper").rglob("*") if p.is_file()),
         settings=rules.settings.output,
-        stats=expand(
-            "results/{host}/stats/{table}.csv",
-            host=HOST,
-            table=["latency", "kv_speedup", "regimes", "environment", "skipped", "models"]
-            + [f"speculative_{t}" for t in ("acceptance", "speedup", "theory", "hf", "parallelism")]
-            + [f"verification_{t}" for t in ("levels", "power", "pvalues", "tokens", "greedy")]
-            + [f"regime_{t}" for t in REGIME_DEPTH_TABLES],
-        ),
-        figures=expand(
-            "results/{host}/figures/{fig}.pdf",
-            host=HOST,
-            fig=["latency", "kv_speedup", "regime_depth", "changepoints", "acceptance", "speedup", "parallelism", "theory"]
-            + ["verification_tokens", "verification_pvalues"],
-        ),
+        stats=expand("results/combined/stats/{table}.csv", table=PAPER_TABLES),
+        figures=expand("results/combined/figures/{fig}.pdf", fig=PAPER_FIGURES),
     output:
-        "results/paper/paper.pdf",
+        report("results/paper/paper.pdf", category="Paper", caption="../report/paper.rst"),
     params:
         stats=lambda wc, input: os.path.dirname(input.stats[0]),
         figures=lambda wc, input: os.path.dirname(input.figures[0]),

@@ -1,0 +1,177 @@
+"""Generated TeX for the artifact-evaluation parts of the paper: hosts, the reference comparison
+and the benchmark appendix. `paper.write_generated` calls `artifact_parts`.
+
+    generated/tab_hosts.tex       every host whose results the paper merges, local or imported
+    generated/tab_reference.tex   this run against each committed reference run, with ratios
+    generated/tab_benchmarks.tex  wall time and peak memory per measuring rule and host
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from . import reference as rf
+from .paper import NONE, human_list, integer, sig, tabular, tex_escape, tt
+
+
+def read_csv(stats_dir: Path, name: str) -> pd.DataFrame:
+    try:
+        return pd.read_csv(Path(stats_dir) / f"{name}.csv", keep_default_na=True)
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        return pd.DataFrame()
+
+
+def text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+
+
+# -----------------------------------------------------------------------------
+# hosts
+
+def hosts_macros(hosts: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
+    imported = hosts[hosts["role"] == "imported"] if len(hosts) else hosts
+    return ({"NumHosts": str(len(hosts)),
+             "HostNames": human_list([tt(h) for h in hosts["host"]]) if len(hosts) else NONE,
+             "NumHostsImported": str(len(imported)),
+             "HostsImported": human_list([tt(h) for h in imported.get("host", [])])},
+            {"MultiHost": len(hosts) > 1})
+
+
+def hosts_table(hosts: pd.DataFrame) -> str:
+    rows = [[tt(r["host"]), tex_escape(r["role"]),
+             tex_escape(text(r["backends"]).replace(" ", ", ")),
+             tex_escape(text(r["devices"]), breakable=True),
+             tex_escape(text(r["imported_at"]) or "--")] for _, r in hosts.iterrows()]
+    header = [r"Host & Role & Backends & Devices & Imported at \\"]
+    return tabular(r"@{}lllXl@{}", header, rows, "no host", tabularx=True)
+
+
+# -----------------------------------------------------------------------------
+# the reference comparison
+
+def quantity_value(quantity: str, value) -> str:
+    if value is None or pd.isna(value):
+        return NONE
+    if quantity == "decode_s":
+        return sig(float(value) * 1e3)
+    if quantity == "acceptance":
+        return sig(100 * float(value)) + r"\%"
+    return sig(value)
+
+
+QUANTITY_LABELS = {"decode_s": "decode (ms)", "kv_speedup": r"KV speedup", "spec_speedup":
+                   "best spec.\\ speedup", "acceptance": "acceptance", "chi2": r"$\chi^2$"}
+
+
+def ratio_cell(r) -> str:
+    if r["n"] > 1 and pd.notna(r["ratio_min"]) and r["ratio_min"] != r["ratio_max"]:
+        return f"{sig(r['ratio'])} [{sig(r['ratio_min'])}, {sig(r['ratio_max'])}]"
+    return sig(r["ratio"])
+
+
+def reference_rows(summary: pd.DataFrame) -> list:
+    rows = []
+    for ref, g in summary.groupby("reference", sort=False):
+        if rows:
+            rows.append(None)
+        matched = g[g["status"] == "matched"]
+        for _, r in matched.iterrows():
+            rows.append([tt(ref), QUANTITY_LABELS.get(r["quantity"], tex_escape(r["quantity"])),
+                         tex_escape(r["subject"]), str(int(r["n"])),
+                         quantity_value(r["quantity"], r["local"]),
+                         quantity_value(r["quantity"], r["reference_value"]), ratio_cell(r)])
+        for _, r in g[g["status"] == "only reference"].iterrows():
+            rows.append([tt(ref), QUANTITY_LABELS.get(r["quantity"], tex_escape(r["quantity"])),
+                         tex_escape(r["subject"]), str(int(r["n"])), NONE, reference_cell(r),
+                         r"\emph{not comparable}"])
+        rest = g[g["status"] == "only local"]
+        if len(rest):
+            subjects = human_list(sorted({tex_escape(s) for s in rest["subject"]}))
+            rows.append([tt(ref), f"\\multicolumn{{6}}{{p{{0.78\\linewidth}}}}{{\\emph{{not "
+                         f"comparable, only in this run:}} {subjects}}}"])
+    return rows
+
+
+def reference_cell(r) -> str:
+    """A reference-only group's median, with its range over budgets or K when it has one."""
+    value = quantity_value(r["quantity"], r["reference_value"])
+    if r["n"] > 1 and r["reference_min"] != r["reference_max"]:
+        low, high = (quantity_value(r["quantity"], r[c]) for c in ("reference_min",
+                                                                    "reference_max"))
+        return f"{value} [{low}, {high}]"
+    return value
+
+
+def reference_table(summary: pd.DataFrame) -> str:
+    header = [r"Reference & Quantity & Configuration & $n$ & This run & Reference & "
+              r"This / reference \\"]
+    return tabular("@{}lllrrrl@{}", header, reference_rows(summary),
+                   "no reference run in results/reference/")
+
+
+def reference_macros(comparison: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
+    names = list(dict.fromkeys(comparison["reference"])) if len(comparison) else []
+    matched = comparison[comparison["status"] == "matched"] if len(comparison) else comparison
+    none_matched = [n for n in names if not (matched["reference"] == n).any()]
+    return ({"NumReferences": str(len(names)),
+             "ReferenceNames": human_list([tt(n) for n in names]),
+             "RefNumMatched": str(len(matched)),
+             "RefNumUnmatched": str(len(comparison) - len(matched)),
+             "RefNotComparable": human_list([tt(n) for n in none_matched])},
+            {"AnyReference": bool(names), "RefAnyMatched": len(matched) > 0,
+             "RefAnyNotComparable": bool(none_matched)})
+
+
+# -----------------------------------------------------------------------------
+# benchmarks
+
+def benchmark_rows(bench: pd.DataFrame) -> list:
+    rows = []
+    multi = "host" in bench and bench["host"].nunique() > 1
+    for _, r in bench.iterrows():
+        rows.append(([tt(r["host"])] if multi else [])
+                    + [tt(r["rule"]), f"{integer(r['jobs'])} of {integer(r['expected'])}",
+                       sig(r["total_s"]), sig(r["median_s"]), sig(r["max_s"]),
+                       sig(r["max_rss_mb"])])
+    return rows
+
+
+def benchmarks_table(bench: pd.DataFrame) -> str:
+    multi = "host" in bench and len(bench) and bench["host"].nunique() > 1
+    header = [("Host & " if multi else "") + r"Rule & Jobs & Total (s) & Median (s) & "
+              r"Max (s) & Peak RSS (MB) \\"]
+    spec = ("l" if multi else "") + "llrrrr"
+    return tabular(f"@{{}}{spec}@{{}}", header, benchmark_rows(bench),
+                   "no benchmark files were found")
+
+
+def benchmark_macros(bench: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
+    ok = bench[bench["jobs"] > 0] if len(bench) else bench
+    slowest = ok.loc[ok["total_s"].idxmax()] if len(ok) else None
+    return ({"BenchNumRules": str(len(ok)),
+             "BenchNumJobs": integer(ok["jobs"].sum()) if len(ok) else "0",
+             "BenchTotalMin": sig(ok["total_s"].sum() / 60) if len(ok) else NONE,
+             "BenchMaxRssMb": sig(ok["max_rss_mb"].max()) if len(ok) else NONE,
+             "BenchSlowestRule": tt(slowest["rule"]) if slowest is not None else NONE,
+             "BenchSlowestMin": sig(slowest["total_s"] / 60) if slowest is not None else NONE},
+            {"BenchmarksReady": len(ok) > 0})
+
+
+# -----------------------------------------------------------------------------
+# the hook
+
+def artifact_parts(stats_dir: Path) -> tuple[dict[str, str], dict[str, bool], dict[str, str]]:
+    """(macros, flags, files) for hosts, the reference comparison and the benchmarks."""
+    hosts = read_csv(stats_dir, "hosts")
+    comparison = read_csv(stats_dir, "reference_comparison")
+    bench = read_csv(stats_dir, "benchmarks")
+    macros, flags = {}, {}
+    for m, f in (hosts_macros(hosts), reference_macros(comparison), benchmark_macros(bench)):
+        macros.update(m)
+        flags.update(f)
+    files = {"tab_hosts.tex": hosts_table(hosts),
+             "tab_reference.tex": reference_table(rf.summary(comparison)),
+             "tab_benchmarks.tex": benchmarks_table(bench)}
+    return macros, flags, files

@@ -1,0 +1,184 @@
+"""This run against committed reference runs (`results/reference/<name>/stats/`), as ratios.
+
+Each side is reduced to key numbers, one row per quantity and configuration:
+
+    decode_s        median decode latency (all steps, cache on, sweep) per backend, model,
+                    dtype, prompt length and budget
+    kv_speedup      KV-cache speedup on total latency, same keys
+    spec_speedup    best speculative speedup over K per pair and mode (each side at its own K)
+    acceptance      acceptance per pair, mode and K
+    chi2            the level-3 two-sample chi-square of the correct rule per pair
+
+Speculative rows also carry the trained models' names and sizes. Rows match only on identical
+keys; the ratio is local / reference. A configuration that only one
+side has is kept with status 'only local' or 'only reference' and no ratio: a CPU run is not
+divided by a CUDA reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .figures import as_bool
+
+SWEEP_KEYS = ["backend", "model", "dtype", "prompt_len", "budget"]
+KEYS = ["quantity", "backend", "model", "dtype", "prompt_len", "budget", "pair", "models", "mode",
+        "k"]
+TEXT_KEYS = ("backend", "model", "dtype", "pair", "models", "mode")
+COLUMNS = ["reference", *KEYS, "local", "reference_value", "ratio", "status",
+           "local_device", "reference_device"]
+QUANTITIES = {"decode_s": "median decode latency (s)", "kv_speedup": "KV-cache speedup",
+              "spec_speedup": "best speculative speedup", "acceptance": "acceptance",
+              "chi2": "two-sample chi-square (correct rule)"}
+
+
+def read(stats_dir: Path, name: str) -> pd.DataFrame:
+    try:
+        return pd.read_csv(Path(stats_dir) / f"{name}.csv")
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        return pd.DataFrame()
+
+
+def frame(rows: pd.DataFrame, quantity: str, value: str) -> pd.DataFrame:
+    out = rows.assign(quantity=quantity).rename(columns={value: "value"})
+    for key in KEYS:
+        if key not in out:
+            out[key] = "" if key in TEXT_KEYS else -1
+    out = out[[*KEYS, "value"]].copy()
+    for key in ("prompt_len", "budget", "k"):
+        out[key] = pd.to_numeric(out[key]).fillna(-1).astype(int)
+    for key in TEXT_KEYS:
+        out[key] = out[key].fillna("").astype(str)
+    return out
+
+
+def trained_models(stats_dir: Path) -> str:
+    """The trained models' names and sizes: speculative rows match only between runs of the same
+    pair of models (a tiny CPU pair is not a GPU-sized one of the same name)."""
+    models = read(stats_dir, "models")
+    if not len(models) or "source" not in models:
+        return ""
+    trained = models[models["source"] == "train"]
+    return ",".join(f"{m}:{p}" for m, p in sorted(zip(trained["model"], trained["parameters"],
+                                                        strict=True)))
+
+
+def key_numbers(stats_dir: Path) -> pd.DataFrame:
+    """One row per quantity and configuration: KEYS + value."""
+    parts = []
+    pair_models = trained_models(stats_dir)
+    latency = read(stats_dir, "latency")
+    if len(latency):
+        on = latency[(latency["experiment"] == "sweep") & as_bool(latency["use_cache"])
+                     & (latency["metric"] == "decode_s")]
+        parts.append(frame(on[SWEEP_KEYS + ["median"]], "decode_s", "median"))
+    kv = read(stats_dir, "kv_speedup")
+    if len(kv):
+        parts.append(frame(kv[kv["metric"] == "total_s"][SWEEP_KEYS + ["speedup"]],
+                           "kv_speedup", "speedup"))
+    speedup = read(stats_dir, "speculative_speedup")
+    if len(speedup):
+        best = speedup.loc[speedup.groupby(["pair", "mode"])["speedup"].idxmax()]
+        parts.append(frame(best[["pair", "mode", "speedup"]].assign(models=pair_models),
+                           "spec_speedup", "speedup"))
+    acceptance = read(stats_dir, "speculative_acceptance")
+    if len(acceptance):
+        parts.append(frame(acceptance[["pair", "mode", "k", "acceptance"]]
+                           .assign(models=pair_models), "acceptance", "acceptance"))
+    levels = read(stats_dir, "verification_levels")
+    if len(levels):
+        chi = levels[(levels["level"] == 3) & (levels["sampler"] == "correct")
+                     & levels["check"].astype(str).str.contains("chi-square")]
+        parts.append(frame(chi[["pair", "statistic"]].assign(models=pair_models), "chi2",
+                           "statistic"))
+    if not parts:
+        return pd.DataFrame(columns=[*KEYS, "value"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def devices(stats_dir: Path) -> dict[str, str]:
+    env = read(stats_dir, "environment")
+    if not len(env):
+        return {}
+    return dict(zip(env["backend"].astype(str), env["device_name"].astype(str), strict=True))
+
+
+def row_device(row: pd.Series, by_backend: dict[str, str]) -> str:
+    """The device of a row's backend, or of both devices of its pair."""
+    backends = [row["backend"]] if row["backend"] else str(row["pair"]).split("-")
+    return " / ".join(dict.fromkeys(by_backend.get(b, "") for b in backends if b))
+
+
+def compare_one(local: pd.DataFrame, ref: pd.DataFrame, name: str, local_dev: dict[str, str],
+                ref_dev: dict[str, str]) -> pd.DataFrame:
+    """Outer join on KEYS; a ratio only where both sides have the configuration."""
+    both = local.merge(ref, on=KEYS, how="outer", suffixes=("", "_ref"), indicator=True)
+    both = both.rename(columns={"value": "local", "value_ref": "reference_value"})
+    both["status"] = both["_merge"].map({"both": "matched", "left_only": "only local",
+                                         "right_only": "only reference"}).astype(str)
+    matched = both["status"] == "matched"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        both["ratio"] = np.where(matched, both["local"] / both["reference_value"], np.nan)
+    both["reference"] = name
+    status = both["status"]
+    both["local_device"] = [row_device(r, local_dev) if s != "only reference" else ""
+                            for (_, r), s in zip(both.iterrows(), status, strict=True)]
+    both["reference_device"] = [row_device(r, ref_dev) if s != "only local" else ""
+                                for (_, r), s in zip(both.iterrows(), status, strict=True)]
+    return both[COLUMNS]
+
+
+def reference_dirs(root: Path) -> dict[str, Path]:
+    """name -> stats dir of every results/reference/<name>/stats/ that exists."""
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    return {p.parent.name: p for p in sorted(root.glob("*/stats")) if p.is_dir()}
+
+
+def compare(local_stats: Path, references: dict[str, Path]) -> pd.DataFrame:
+    """Every reference against the local run; no references -> a header-only table."""
+    local = key_numbers(local_stats)
+    local_dev = devices(local_stats)
+    parts = [compare_one(local, key_numbers(stats), name, local_dev, devices(stats))
+             for name, stats in references.items()]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat(parts, ignore_index=True)
+
+
+def summary(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Per reference, quantity and backend/model or pair/mode: matched rows, the medians of each
+    side and the median of the ratios; unmatched groups keep their status and no ratio."""
+    if not len(comparison):
+        return pd.DataFrame(columns=["reference", "quantity", "subject", "status", "n",
+                                     "local", "reference_value", "reference_min",
+                                     "reference_max", "ratio", "ratio_min", "ratio_max",
+                                     "local_device", "reference_device"])
+    df = comparison.copy()
+    df["subject"] = np.where(df["backend"].fillna("") != "",
+                             df["backend"].astype(str) + "/" + df["model"].astype(str),
+                             df["pair"].astype(str) + np.where(df["mode"].fillna("") != "",
+                                                               "/" + df["mode"].astype(str),
+                                                               ""))
+    rows = []
+    order = {q: i for i, q in enumerate(QUANTITIES)}
+    for (ref, quantity, subject, status), g in df.groupby(
+            ["reference", "quantity", "subject", "status"], sort=False):
+        rows.append({"reference": ref, "quantity": quantity, "subject": subject,
+                     "status": status, "n": len(g), "local": g["local"].median(),
+                     "reference_value": g["reference_value"].median(),
+                     "reference_min": g["reference_value"].min(),
+                     "reference_max": g["reference_value"].max(),
+                     "ratio": g["ratio"].median(), "ratio_min": g["ratio"].min(),
+                     "ratio_max": g["ratio"].max(),
+                     "local_device": next((d for d in g["local_device"] if d), ""),
+                     "reference_device": next((d for d in g["reference_device"] if d), "")})
+    out = pd.DataFrame(rows)
+    out["_q"] = out["quantity"].map(order)
+    return out.sort_values(["reference", "_q", "status", "subject"]).drop(columns="_q") \
+        .reset_index(drop=True)

@@ -1,0 +1,396 @@
+"""Several hosts, the reference comparison, benchmark summaries, their TeX: synthetic fixtures."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_figures_paper import (
+    SPEC_PEAK,
+    build_paper,
+    generate,
+    overfull,
+    settings_dict,
+    strip_comments,
+    tex_sources,
+    write_spec_stats,
+    write_stats,
+    write_verification_stats,
+)
+
+from decodelab import benchmarks, hosts, paper, reference
+from decodelab.errors import DecodelabError
+
+
+def host_dir(root: Path, backends=("cpu",), pairs=("cpu-cpu",), scale: float = 1.0) -> Path:
+    """A host's results/<host>/: the stats tables of a finished run, latencies times `scale`."""
+    stats = write_stats(root / "stats", backends=backends, spikes=False)
+    known = [p if p in SPEC_PEAK else "cpu-cpu" for p in pairs]  # the fixture's profiles
+    write_spec_stats(stats, pairs=tuple(known), backends=("cpu",), hf=False)
+    for name in ("acceptance", "speedup", "theory", "hf", "parallelism"):
+        path = stats / f"speculative_{name}.csv"
+        df = pd.read_csv(path)
+        if "pair" in df:
+            df["pair"] = df["pair"].replace(dict(zip(known, pairs, strict=True)))
+        if "backend" in df:
+            df["backend"] = backends[0]
+        df.to_csv(path, index=False)
+    write_verification_stats(stats, pairs=pairs)
+    if scale != 1.0:
+        latency = pd.read_csv(stats / "latency.csv")
+        for col in ("median", "ci_low", "ci_high"):
+            latency[col] *= scale
+        latency.to_csv(stats / "latency.csv", index=False)
+    (root / "figures").mkdir(exist_ok=True)
+    (root / "figures" / "latency.pdf").write_bytes(b"%PDF-1.4\n")
+    return root
+
+
+# -----------------------------------------------------------------------------
+# import
+
+def test_import_copies_a_host_with_its_provenance(tmp_path):
+    src = host_dir(tmp_path / "mac-results", backends=("mps",), pairs=("mps-mps",))
+    dest = hosts.import_host(src, "mac", tmp_path / "results")
+    assert dest == tmp_path / "results" / "mac"
+    assert (dest / "stats" / "latency.csv").read_bytes() == (src / "stats/latency.csv").read_bytes()
+    assert (dest / "figures" / "latency.pdf").is_file()
+    manifest = (dest / hosts.MANIFEST).read_text()
+    assert str(src.resolve()) in manifest and "stats/environment.csv" in manifest
+    assert not list((tmp_path / "results").glob(".import-*")), "staging left behind"
+
+
+def test_import_from_a_tarball(tmp_path):
+    src = host_dir(tmp_path / "cuda-box", backends=("cuda",), pairs=("cuda-cuda",))
+    tarball = tmp_path / "cuda-box.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(src, arcname="cuda-box")
+    dest = hosts.import_host(tarball, "cuda-h200", tmp_path / "results")
+    env = pd.read_csv(dest / "stats" / "environment.csv")
+    assert list(env["backend"]) == ["cuda"]
+
+
+def test_import_names_every_missing_file_and_leaves_nothing(tmp_path):
+    src = host_dir(tmp_path / "partial")
+    (src / "stats" / "regimes.csv").unlink()
+    (src / "stats" / "skipped.csv").unlink()
+    with pytest.raises(DecodelabError, match=r"missing stats/regimes\.csv, stats/skipped\.csv"):
+        hosts.import_host(src, "mac", tmp_path / "results")
+    assert not (tmp_path / "results" / "mac").exists()
+    assert not list((tmp_path / "results").glob(".import-*"))
+
+
+def test_import_refuses_to_overwrite_without_replace(tmp_path):
+    src = host_dir(tmp_path / "src")
+    hosts.import_host(src, "mac", tmp_path / "results")
+    with pytest.raises(DecodelabError, match="--replace"):
+        hosts.import_host(src, "mac", tmp_path / "results")
+    (src / "stats" / "extra.csv").write_text("a\n1\n")
+    dest = hosts.import_host(src, "mac", tmp_path / "results", replace=True)
+    assert (dest / "stats" / "extra.csv").is_file()
+
+
+@pytest.mark.parametrize("name", ["reference", "combined", "paper", "a/b", "", "my host"])
+def test_import_refuses_reserved_or_odd_host_names(tmp_path, name):
+    with pytest.raises(DecodelabError, match="not usable"):
+        hosts.import_host(host_dir(tmp_path / "src"), name, tmp_path / "results")
+
+
+def test_import_of_a_missing_source(tmp_path):
+    with pytest.raises(DecodelabError, match="does not exist"):
+        hosts.import_host(tmp_path / "nowhere", "mac", tmp_path / "results")
+
+
+# -----------------------------------------------------------------------------
+# merge
+
+@pytest.fixture
+def merged(tmp_path) -> Path:
+    """vm (cpu, local) + mac (cpu and mps, imported) merged into one stats directory."""
+    vm = host_dir(tmp_path / "results" / "vm")
+    hosts.import_host(host_dir(tmp_path / "mac-src", backends=("cpu", "mps"),
+                               pairs=("cpu-cpu", "mps-mps")), "mac", tmp_path / "results")
+    out = tmp_path / "results" / "combined" / "stats"
+    names = ["latency", "kv_speedup", "regimes", "environment", "skipped", "models",
+             "speculative_speedup", "verification_levels", "benchmarks", "hosts"]
+    hosts.merge({"vm": vm, "mac": tmp_path / "results" / "mac"}, "vm", out, names)
+    return out
+
+
+def test_merge_keeps_rows_per_host_and_qualifies_shared_names(merged):
+    env = pd.read_csv(merged / "environment.csv")
+    assert sorted(zip(env["host"], env["backend"], strict=True)) == [
+        ("mac", "cpu@mac"), ("mac", "mps"), ("vm", "cpu")]
+    latency = pd.read_csv(merged / "latency.csv")
+    assert set(latency["backend"]) == {"cpu", "cpu@mac", "mps"}
+    assert (latency[latency["backend"] == "cpu"]["host"] == "vm").all()
+    speedup = pd.read_csv(merged / "speculative_speedup.csv")
+    assert set(speedup["pair"]) == {"cpu-cpu", "cpu-cpu@mac", "mps-mps"}
+
+
+def test_merge_takes_host_independent_rows_once(merged):
+    levels = pd.read_csv(merged / "verification_levels.csv", keep_default_na=False)
+    mac = levels[levels["host"] == "mac"]
+    assert len(mac) and (mac["level"] == 3).all()  # levels 1-2 are the local host's only
+    assert set(pd.read_csv(merged / "models.csv")["host"]) == {"vm"}
+
+
+def test_merge_writes_absent_tables_empty_and_lists_hosts(merged):
+    assert (merged / "benchmarks.csv").read_text().strip() == ""
+    table = pd.read_csv(merged / "hosts.csv")
+    assert list(table["host"]) == ["vm", "mac"] and list(table["role"]) == ["local", "imported"]
+    assert table.loc[1, "backends"] == "cpu mps" and table.loc[1, "imported_at"]
+
+
+def test_merge_refuses_a_host_without_its_tables(tmp_path):
+    vm = host_dir(tmp_path / "vm")
+    (tmp_path / "mac" / "stats").mkdir(parents=True)
+    with pytest.raises(DecodelabError, match="host 'mac'.*missing stats/environment.csv"):
+        hosts.merge({"vm": vm, "mac": tmp_path / "mac"}, "vm", tmp_path / "out", ["latency"])
+
+
+def test_paper_macros_from_merged_hosts(merged, tmp_path):
+    m = generate(merged, tmp_path / "gen")
+    assert m["NumHosts"] == "2" and m["ifMultiHost"] == "true"
+    assert m["HostsImported"] == r"\texttt{mac}"
+    assert m["ifMpsRan"] == "true"  # the Mac's MPS run counts as run for the paper
+    hosts_tex = (tmp_path / "gen" / "tab_hosts.tex").read_text()
+    assert r"\texttt{mac} & imported & cpu, mps" in hosts_tex
+
+
+# -----------------------------------------------------------------------------
+# reference comparison
+
+def test_comparison_matches_same_configurations_with_ratios(tmp_path):
+    local = host_dir(tmp_path / "local", scale=2.0)
+    ref = host_dir(tmp_path / "reference" / "default-cpu")
+    table = reference.compare(local / "stats", reference.reference_dirs(tmp_path / "reference"))
+    assert set(table["status"]) == {"matched"}
+    decode = table[table["quantity"] == "decode_s"]
+    assert len(decode) == 3 * 10  # three models x ten budgets on cpu
+    assert decode["ratio"].round(9).eq(2.0).all()
+    acceptance = table[table["quantity"] == "acceptance"]
+    assert acceptance["ratio"].round(9).eq(1.0).all() and len(acceptance) == 12
+    chi = table[table["quantity"] == "chi2"]
+    assert list(chi["pair"]) == ["cpu-cpu"] and chi["ratio"].iloc[0] == 1.0
+    assert (table["local_device"] == "cpu device_0").any()
+    assert ref.is_dir()
+
+
+def test_comparison_refuses_unlike_configurations(tmp_path):
+    local = host_dir(tmp_path / "local")
+    host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",), pairs=("cuda-cuda",))
+    table = reference.compare(local / "stats", reference.reference_dirs(tmp_path / "reference"))
+    assert (table["status"] != "matched").all() and table["ratio"].isna().all()
+    assert set(table[table["status"] == "only local"]["backend"]) == {"cpu", ""}
+    assert "cuda-cuda" in set(table[table["status"] == "only reference"]["pair"])
+    summary = reference.summary(table)
+    assert summary["ratio"].isna().all()
+
+
+def test_comparison_matches_a_different_dtype_not(tmp_path):
+    local = host_dir(tmp_path / "local")
+    ref = host_dir(tmp_path / "reference" / "half")
+    latency = pd.read_csv(ref / "stats" / "latency.csv").assign(dtype="float16")
+    latency.to_csv(ref / "stats" / "latency.csv", index=False)
+    table = reference.compare(local / "stats", reference.reference_dirs(tmp_path / "reference"))
+    decode = table[table["quantity"] == "decode_s"]
+    assert set(decode["status"]) == {"only local", "only reference"}
+
+
+def test_comparison_matches_a_pair_of_other_models_not(tmp_path):
+    local = host_dir(tmp_path / "local")
+    pd.DataFrame({"model": ["target", "draft"], "source": ["train", "train"],
+                  "parameters": [1_750_000, 756_000]}).to_csv(local / "stats" / "models.csv",
+                                                              index=False)
+    ref = host_dir(tmp_path / "reference" / "gpu-pair")
+    pd.DataFrame({"model": ["target", "draft"], "source": ["train", "train"],
+                  "parameters": [29_676_544, 3_808_256]}).to_csv(ref / "stats" / "models.csv",
+                                                                 index=False)
+    table = reference.compare(local / "stats", reference.reference_dirs(tmp_path / "reference"))
+    spec = table[table["quantity"].isin(["acceptance", "spec_speedup", "chi2"])]
+    assert len(spec) and set(spec["status"]) == {"only local", "only reference"}
+    assert set(table[table["quantity"] == "decode_s"]["status"]) == {"matched"}
+
+
+def test_comparison_without_references_is_empty(tmp_path):
+    local = host_dir(tmp_path / "local")
+    assert reference.reference_dirs(tmp_path / "absent") == {}
+    table = reference.compare(local / "stats", {})
+    assert not len(table) and list(table.columns) == reference.COLUMNS
+
+
+def test_reference_tex_says_what_matched_and_what_did_not(tmp_path):
+    local = host_dir(tmp_path / "local", scale=2.0)
+    host_dir(tmp_path / "reference" / "default-cpu")
+    host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",), pairs=("cuda-cuda",))
+    refs = reference.reference_dirs(tmp_path / "reference")
+    reference.compare(local / "stats", refs).to_csv(local / "stats/reference_comparison.csv",
+                                                     index=False)
+    m = generate(local / "stats", tmp_path / "gen")
+    assert m["NumReferences"] == "2" and m["ifRefAnyNotComparable"] == "true"
+    assert m["RefNotComparable"] == r"\texttt{cuda-h200}"
+    tex = (tmp_path / "gen" / "tab_reference.tex").read_text()
+    assert "not comparable, only in the reference:" in tex and "cuda/gpt2-tiny" in tex
+    assert re.search(r"decode \(ms\) & cpu/gpt2-tiny & 10 & [\d.]+ & [\d.]+ & 2\.00", tex)
+
+
+# -----------------------------------------------------------------------------
+# benchmarks
+
+TSV = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def write_tsv(path: Path, seconds: float, rss: float | str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(TSV + f"{seconds}\t0:00:01\t{rss}\t1\t1\t1\t0\t0\t50\t1\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("path, rule", [
+    ("benchmarks/vm/cpu/sweep/gpt2-tiny/rep0.tsv", "sweep"),
+    ("benchmarks/vm/mps/ablation/opt-tiny/rep2.tsv", "sweep"),
+    ("benchmarks/vm/cuda/parallelism/target/rep0.tsv", "parallelism"),
+    ("benchmarks/vm/speculative/cpu-cpu/rep1.tsv", "speculative"),
+    ("benchmarks/vm/verification/exact.tsv", "verify_exact"),
+    ("benchmarks/vm/verification/monte_carlo.tsv", "verify_monte_carlo"),
+    ("benchmarks/vm/verification/real_cpu-mps.tsv", "verify_real"),
+    ("benchmarks/prepare_model/target.tsv", "prepare_model"),
+])
+def test_rule_of_a_benchmark_path(path, rule):
+    assert benchmarks.rule_of(path) == rule
+
+
+def test_rule_of_an_unknown_path():
+    with pytest.raises(DecodelabError, match="no known rule"):
+        benchmarks.rule_of("benchmarks/vm/other/x.tsv")
+
+
+def test_summary_per_rule_counts_missing_jobs(tmp_path):
+    b = tmp_path / "benchmarks"
+    files = [write_tsv(b / f"vm/cpu/sweep/m/rep{r}.tsv", 10.0 * (r + 1), 400 + r)
+             for r in range(3)]
+    files.append(write_tsv(b / "vm/verification/exact.tsv", 6.0, "-"))
+    files.append(str(b / "prepare_model/target.tsv"))  # never ran here
+    table = benchmarks.summarise(files).set_index("rule")
+    assert table.loc["sweep", "jobs"] == 3 and table.loc["sweep", "total_s"] == 60.0
+    assert table.loc["sweep", "median_s"] == 20.0 and table.loc["sweep", "max_rss_mb"] == 402
+    assert pd.isna(table.loc["verify_exact", "max_rss_mb"])
+    assert table.loc["prepare_model", "jobs"] == 0 and table.loc["prepare_model", "expected"] == 1
+    text = benchmarks.markdown(table.reset_index(), "vm")
+    assert "| `sweep` | 3 of 3 | 1.0 | 20.0 | 30.0 | 402 |" in text
+
+
+def test_summary_rejects_a_file_that_is_not_a_benchmark(tmp_path):
+    bad = tmp_path / "benchmarks/vm/cpu/sweep/m/rep0.tsv"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("hello\tworld\n1\t2\n")
+    with pytest.raises(DecodelabError, match="lacks the columns"):
+        benchmarks.summarise([str(bad)])
+
+
+def test_benchmark_appendix_macros(tmp_path):
+    stats = write_stats(tmp_path / "stats")
+    b = tmp_path / "benchmarks"
+    files = [write_tsv(b / f"vm/cpu/sweep/m/rep{r}.tsv", 60.0, 500) for r in range(2)]
+    files.append(write_tsv(b / "vm/speculative/cpu-cpu/rep0.tsv", 240.0, 700))
+    benchmarks.summarise(files).to_csv(stats / "benchmarks.csv", index=False)
+    m = generate(stats, tmp_path / "gen")
+    assert m["ifBenchmarksReady"] == "true" and m["BenchTotalMin"] == "6.00"
+    assert m["BenchSlowestRule"] == r"\texttt{speculative}" and m["BenchMaxRssMb"] == "700"
+    assert r"\texttt{sweep} & 2 of 2 & 120" in (tmp_path / "gen/tab_benchmarks.tex").read_text()
+
+
+def test_artifact_tables_when_nothing_is_there(tmp_path):
+    """A single host's stats without hosts.csv, comparison or benchmarks: empty, not an error."""
+    m = generate(write_stats(tmp_path / "stats"), tmp_path / "gen")
+    assert m["ifAnyReference"] == "false" and m["ifBenchmarksReady"] == "false"
+    assert m["NumHosts"] == "0" and m["BenchTotalMin"] == "--"
+    assert "no reference run" in (tmp_path / "gen/tab_reference.tex").read_text()
+
+
+# -----------------------------------------------------------------------------
+# every artifact macro is used by the paper
+
+def test_every_artifact_macro_is_used_in_the_paper(tmp_path):
+    from decodelab.paper_artifact import artifact_parts
+
+    macros, flags, files = artifact_parts(write_stats(tmp_path / "stats"))
+    text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
+    unused = [m for m in macros if not re.search(rf"\\{m}(?![A-Za-z])", text)]
+    unused += [f"if{f}" for f in flags if not re.search(rf"\\if{f}(?![A-Za-z])", text)]
+    assert not unused, unused
+    for name in files:
+        assert f"generated/{name}" in text, name
+    assert paper.write_generated  # the hook: write_generated writes these files too
+    written = {p.name for p in paper.write_generated(tmp_path / "stats", settings_dict(),
+                                                     tmp_path / "gen")}
+    assert set(files) <= written
+
+
+@pytest.mark.skipif(shutil.which("latexmk") is None, reason="latexmk not on PATH")
+def test_paper_compiles_with_two_hosts_references_and_benchmarks(merged, tmp_path):
+    local = tmp_path / "results" / "vm"
+    host_dir(tmp_path / "reference" / "default-cpu")
+    host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",), pairs=("cuda-cuda",))
+    refs = reference.reference_dirs(tmp_path / "reference")
+    reference.compare(local / "stats", refs).to_csv(merged / "reference_comparison.csv",
+                                                    index=False)
+    files = [write_tsv(tmp_path / f"benchmarks/vm/cpu/sweep/m/rep{r}.tsv", 30.0, 450)
+             for r in range(3)]
+    benchmarks.summarise(files).assign(host="vm").to_csv(merged / "benchmarks.csv",
+                                                         index=False)
+    pdf, log = build_paper(merged, tmp_path)
+    assert pdf.read_bytes()[:5] == b"%PDF-"
+    assert not overfull(log), overfull(log)
+    text = (tmp_path / "build" / "generated" / "tab_reference.tex").read_text()
+    assert "not comparable" in text and r"\texttt{default-cpu}" in text
+
+
+# -----------------------------------------------------------------------------
+# figures: every file a figure rule draws is in the paper, with the rule and its rerun command
+
+def figure_rules() -> dict[str, str]:
+    """figure stem -> the rule whose output it is, read from workflow/rules/figures.smk."""
+    text = (Path(__file__).resolve().parents[1] / "workflow/rules/figures.smk").read_text()
+    stems = {}
+    for block in re.split(r"^rule ", text, flags=re.M)[1:]:
+        rule = block.split(":", 1)[0].strip()
+        output = block.split("output:", 1)[1].split("params:", 1)[0]
+        for stem in re.findall(r"figures/(\w+)\.pdf", output):
+            stems[stem] = rule
+    return stems
+
+
+def test_every_figure_file_is_in_the_paper_with_its_rule():
+    rules = figure_rules()
+    assert len(rules) >= 8, rules
+    text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
+    floats = re.findall(r"\\begin\{figure\}(.*?)\\end\{figure\}", text, flags=re.S)
+    shown = {}
+    for body in floats:
+        graphics = re.findall(r"\\includegraphics(?:\[[^\]]*\])?\{figures/(\w+)\.pdf\}", body)
+        assert graphics, body[:80]
+        made = re.findall(r"\\madeby\{([^}]*)\}", body)
+        assert len(made) == 1, f"a figure without its \\madeby: {graphics}"
+        for stem in graphics:
+            shown[stem] = made[0].replace("\\_", "_")
+    assert shown == rules, {k: (shown.get(k), rules.get(k)) for k in set(shown) | set(rules)
+                            if shown.get(k) != rules.get(k)}
+    madeby = re.search(r"\\newcommand\{\\madeby\}\[1\]\{(.*?)\}\}", text, flags=re.S).group(1)
+    assert "rule \\cmd{#1}" in madeby and "snakemake -{}-forcerun #1" in madeby
+
+
+def test_a_reference_row_does_not_make_a_backend_shared(tmp_path):
+    """vm's comparison lists a reference's mps rows; the Mac's mps still keeps its name."""
+    vm = host_dir(tmp_path / "results" / "vm")
+    pd.DataFrame([{"reference": "r", "quantity": "decode_s", "backend": "mps"}]).to_csv(
+        vm / "stats" / "reference_comparison.csv", index=False)
+    mac = host_dir(tmp_path / "results" / "mac", backends=("mps",), pairs=("mps-mps",))
+    out = tmp_path / "combined"
+    hosts.merge({"vm": vm, "mac": mac}, "vm", out, ["environment", "reference_comparison"])
+    assert set(pd.read_csv(out / "environment.csv")["backend"]) == {"cpu", "mps"}
