@@ -331,7 +331,7 @@ def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
     pooled = phases_table[phases_table["scope"] == "backend"].set_index("backend")
     assert pooled.loc["mps", "decision"] == "decode"
     assert pooled.loc["cpu", "decision"] == phases.NOT_APPLICABLE
-    t = paper.read_regime_depth(stats_dir)
+    t = paper.read_regime_depth(stats_dir, paper.REGIME_DEPTH)
     macros, flags = paper.regime_depth_macros(t, {"regimes": DEPTH_SPEC})
     assert flags["RegimeDepthReady"] and flags["PhaseTestApplies"] and flags["MemoryApplies"]
     assert set(macros) == set(paper.DEPTH_MACROS)  # the placeholders cover every macro
@@ -349,7 +349,7 @@ def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
 def test_paper_macros_without_the_rule_are_placeholders(tmp_path):
     from decodelab import paper
 
-    assert paper.read_regime_depth(tmp_path) is None
+    assert paper.read_regime_depth(tmp_path, paper.REGIME_DEPTH) is None
     macros, flags = paper.regime_depth_macros(None, {})
     assert not flags["RegimeDepthReady"] and set(macros.values()) == {"--"}
     assert "no regime analysis in depth" in paper.regime_depth_table(None)

@@ -275,17 +275,17 @@ MEMORY_LABELS = {"mem_cuda_peak_bytes": "CUDA\nalloc.", "mem_mps_current_bytes":
                  "mem_mps_driver_bytes": "MPS\ndriver", "rss_bytes": "RSS"}
 
 
-def read_regime_depth(stats_dir: Path) -> dict[str, pd.DataFrame] | None:
-    """The regime_depth rule's tables, or None when that rule has not run (older builds)."""
-    paths = {name: Path(stats_dir) / f"regime_{name}.csv" for name in REGIME_DEPTH_TABLES}
+def read_regime_depth(stats_dir: Path, names=REGIME_DEPTH_TABLES
+                      ) -> dict[str, pd.DataFrame] | None:
+    """The regime_depth rule's tables `names`, or None when that rule has not run."""
+    paths = {name: Path(stats_dir) / f"regime_{name}.csv" for name in names}
     if not all(p.exists() for p in paths.values()):
         return None
     tables = {name: pd.read_csv(p) for name, p in paths.items()}
-    for name in ("phases", "variance_summary", "changepoints"):
-        if "use_cache" in tables[name]:
-            tables[name]["use_cache"] = as_bool(tables[name]["use_cache"])
-    for col in ("changepoint", "spike"):
-        tables["changepoints"][col] = as_bool(tables["changepoints"][col])
+    for df in tables.values():
+        for col in ("use_cache", "changepoint", "spike"):
+            if col in df:
+                df[col] = as_bool(df[col])
     return tables
 
 

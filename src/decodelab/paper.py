@@ -46,6 +46,7 @@ from .figures import (
     SPEC_TABLES,
     as_bool,
     ordered_samplers,
+    read_regime_depth,
     read_spec_tables,
     read_verification_tables,
     spec_modes,
@@ -204,7 +205,8 @@ def read_stats(stats_dir: Path) -> dict[str, pd.DataFrame]:
 
 
 def cache_on(df: pd.DataFrame) -> pd.DataFrame:
-    return df[(df["experiment"] == "sweep") & df["use_cache"]]
+    """The cache-on sweep rows (the experiment the headline numbers come from)."""
+    return df[(df["experiment"] == "sweep") & df["use_cache"]] if len(df) else df
 
 
 def cache_off(df: pd.DataFrame) -> pd.DataFrame:
@@ -1461,23 +1463,6 @@ MEMORY_NAMES = {"mem_cuda_peak_bytes": "CUDA allocator peak",
                 "mem_mps_driver_bytes": "MPS driver", "rss_bytes": "process RSS"}
 
 
-def read_regime_depth(stats_dir: Path) -> dict[str, pd.DataFrame] | None:
-    """The regime_depth tables, or None when that rule has not run (\\RegimeDepthReady false)."""
-    paths = {n: Path(stats_dir) / f"regime_{n}.csv" for n in REGIME_DEPTH}
-    if not all(p.exists() for p in paths.values()):
-        return None
-    t = {n: pd.read_csv(p) for n, p in paths.items()}
-    for df in t.values():
-        if "use_cache" in df:
-            df["use_cache"] = as_bool(df["use_cache"])
-    return t
-
-
-def sweep_on(df: pd.DataFrame) -> pd.DataFrame:
-    """The cache-on sweep rows (the experiment the headline numbers come from)."""
-    return df[(df["experiment"] == "sweep") & df["use_cache"]] if len(df) else df
-
-
 def family_label(family) -> str:
     return FAMILY_LABELS.get(str(family), tex_escape(family))
 
@@ -1486,7 +1471,7 @@ def phase_depth_macros(phases: pd.DataFrame) -> tuple[dict[str, str], dict[str, 
     spikes = phases[phases["scope"] == "spike"]
     pooled = phases[phases["scope"] == "backend"]
     decisions = spikes["decision"].astype(str)
-    on = sweep_on(pooled)
+    on = cache_on(pooled)
     tested = pooled[pooled["spikes"] > 0]
     top = tested.loc[tested["spikes"].idxmax()] if len(tested) else None
     none_flagged = [label(b) for b in ordered(on[on["spikes"] == 0]["backend"])]
@@ -1516,7 +1501,7 @@ def percent_sig(fraction) -> str:
 
 
 def variance_depth_macros(variance: pd.DataFrame, summary: pd.DataFrame) -> dict[str, str]:
-    on = sweep_on(variance)
+    on = cache_on(variance)
     total = on[on["metric"] == "total_s"]
     ok = total[total["status"].astype(str).str.startswith("ok")]
     share = {}
@@ -1524,7 +1509,7 @@ def variance_depth_macros(variance: pd.DataFrame, summary: pd.DataFrame) -> dict
         rows = on[(on["metric"] == metric) & on["status"].astype(str).str.startswith("ok")]
         b, w = rows["var_between"].mean(), rows["var_within"].mean()
         share[metric] = b / (b + w) if len(rows) and b + w > 0 else None
-    groups = sweep_on(summary)
+    groups = cache_on(summary)
     groups = groups[groups["metric"] == "total_s"].dropna(subset=["share_pooled"])
     lo = groups.loc[groups["share_pooled"].idxmin()] if len(groups) else None
     hi = groups.loc[groups["share_pooled"].idxmax()] if len(groups) else None
@@ -1653,11 +1638,11 @@ def regime_depth_table(t: dict[str, pd.DataFrame] | None) -> str:
     """Per backend and family, cache-on sweep: spikes, phase, variance share, change points."""
     rows = []
     if t is not None:
-        summary = sweep_on(t["summary"])
-        var = sweep_on(t["variance_summary"])
+        summary = cache_on(t["summary"])
+        var = cache_on(t["variance_summary"])
         var = var[var["metric"] == "total_s"]
-        spikes = sweep_on(t["phases"][t["phases"]["scope"] == "spike"])
-        curves = sweep_on(t["changepoint_curves"])
+        spikes = cache_on(t["phases"][t["phases"]["scope"] == "spike"])
+        curves = cache_on(t["changepoint_curves"])
         rank = {b: i for i, b in enumerate(BACKEND_ORDER)}
         summary = summary.assign(_r=summary["backend"].map(lambda b: rank.get(b, len(rank))))
         for _, r in summary.sort_values(["_r", "backend", "family", "dtype"]).iterrows():
@@ -1696,7 +1681,8 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
     ver = read_verification(stats_dir)
     ver_macros, ver_flags = verification_macros(ver, settings)
     stages = stage_flags(speculative=spec is not None, verification=ver is not None)
-    depth_macros, depth_flags = regime_depth_macros(read_regime_depth(stats_dir), settings)
+    depth = read_regime_depth(stats_dir, REGIME_DEPTH)
+    depth_macros, depth_flags = regime_depth_macros(depth, settings)
     macros = {**settings_macros(settings), **env_macros, **latency_macros(t["latency"]),
               **reg_macros, **kv_macros(t["kv_speedup"]),
               "KvSpeedupAtMaxSpike": kv_at_spike(t["kv_speedup"], t["regimes"]),
@@ -1722,7 +1708,7 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
         "tab_models.tex": models_table(models, settings),
         "tab_verification.tex": verification_table(ver),
         "tab_power.tex": power_table(ver),
-        "tab_regime_depth.tex": regime_depth_table(read_regime_depth(stats_dir)),
+        "tab_regime_depth.tex": regime_depth_table(depth),
         **artifact_files,
     }
     out_dir = Path(out_dir)
