@@ -126,7 +126,7 @@ def test_backends_cpu_plans_only_cpu_jobs(workdir):
 def test_a_named_host_writes_under_its_own_tree(workdir):
     jobs = job_plan(workdir, EVERY_BACKEND, "backends=[mps]", "host=mac-m2")
     hosts = {j["wildcards"]["host"] for j in jobs if "host" in j["wildcards"]}
-    assert hosts == {"mac-m2"}
+    assert hosts == {"mac-m2", "combined"}  # combined: the merged tables and figures
     assert {j["wildcards"]["backend"] for j in jobs if j["rule"] == "sweep"} == {"mps"}
 
 
