@@ -130,6 +130,13 @@ def test_a_named_host_writes_under_its_own_tree(workdir):
     assert {j["wildcards"]["backend"] for j in jobs if j["rule"] == "sweep"} == {"mps"}
 
 
+def test_omit_from_merge_hosts_stops_at_the_hosts_own_tables(workdir):
+    out = snakemake(workdir, "-n", "--omit-from", "merge_hosts", "--config", "backends=[cpu]")
+    jobs = planned_jobs(out.stdout)
+    assert {"statistics", "regimes", "regime_depth", "speculative_stats", "figures"} <= set(jobs)
+    assert not {"merge_hosts", "paper", "all"} & set(jobs)
+
+
 def test_until_stops_at_the_named_rule(workdir):
     out = snakemake(workdir, "-n", "--until", "collect", "--config", "backends=[cpu]")
     assert set(planned_jobs(out.stdout)) == {"prepare_model", "sweep", "collect"}
