@@ -58,10 +58,13 @@ def quantity_value(quantity: str, value) -> str:
         return sig(float(value) * 1e3)
     if quantity == "acceptance":
         return sig(100 * float(value)) + r"\%"
+    if quantity == "spikes":
+        return f"{float(value):g}"
     return sig(value)
 
 
-QUANTITY_LABELS = {"decode_s": "decode (ms)", "kv_speedup": r"KV speedup", "spec_speedup":
+QUANTITY_LABELS = {"decode_s": "decode (ms)", "kv_speedup": r"KV speedup",
+                   "spikes": "spikes flagged", "max_ratio": "max ratio to trend", "spec_speedup":
                    "best spec.\\ speedup", "acceptance": "acceptance", "chi2": r"$\chi^2$"}
 
 
@@ -119,9 +122,24 @@ def reference_macros(comparison: pd.DataFrame) -> tuple[dict[str, str], dict[str
              "ReferenceNames": human_list([tt(n) for n in names]),
              "RefNumMatched": str(len(matched)),
              "RefNumUnmatched": str(len(comparison) - len(matched)),
-             "RefNotComparable": human_list([tt(n) for n in none_matched])},
+             "RefNotComparable": human_list([tt(n) for n in none_matched]),
+             **cuda_reference_macros(comparison)},
             {"AnyReference": bool(names), "RefAnyMatched": len(matched) > 0,
-             "RefAnyNotComparable": bool(none_matched)})
+             "RefAnyNotComparable": bool(none_matched),
+             "RefAnyCuda": bool(len(comparison)) and (comparison["backend"] == "cuda").any()})
+
+
+def cuda_reference_macros(comparison: pd.DataFrame) -> dict[str, str]:
+    """What the references measured on CUDA: the regime verdict the seed's claim is about."""
+    rows = comparison[comparison["backend"] == "cuda"] if len(comparison) else comparison
+    spikes = rows[rows["quantity"] == "spikes"]["reference_value"] if len(rows) else rows
+    ratios = rows[rows["quantity"] == "max_ratio"]["reference_value"] if len(rows) else rows
+    configs = rows[rows["quantity"] == "decode_s"] if len(rows) else rows
+    return {"RefCudaNames": human_list([tt(n) for n in dict.fromkeys(rows["reference"])])
+            if len(rows) else NONE,
+            "RefCudaSpikes": integer(spikes.sum()) if len(spikes) else NONE,
+            "RefCudaConfigs": integer(len(configs)) if len(configs) else NONE,
+            "RefCudaMaxRatio": sig(ratios.max()) if len(ratios) else NONE}
 
 
 # -----------------------------------------------------------------------------

@@ -5,6 +5,8 @@ Each side is reduced to key numbers, one row per quantity and configuration:
     decode_s        median decode latency (all steps, cache on, sweep) per backend, model,
                     dtype, prompt length and budget
     kv_speedup      KV-cache speedup on total latency, same keys
+    spikes          budgets the regime rule flagged (cache-on sweep) per backend, model, dtype
+    max_ratio       the largest ratio to the local trend there
     spec_speedup    best speculative speedup over K per pair and mode (each side at its own K)
     acceptance      acceptance per pair, mode and K
     chi2            the level-3 two-sample chi-square of the correct rule per pair
@@ -31,6 +33,7 @@ TEXT_KEYS = ("backend", "model", "dtype", "pair", "models", "mode")
 COLUMNS = ["reference", *KEYS, "local", "reference_value", "ratio", "status",
            "local_device", "reference_device"]
 QUANTITIES = {"decode_s": "median decode latency (s)", "kv_speedup": "KV-cache speedup",
+              "spikes": "spikes flagged", "max_ratio": "largest ratio to the local trend",
               "spec_speedup": "best speculative speedup", "acceptance": "acceptance",
               "chi2": "two-sample chi-square (correct rule)"}
 
@@ -79,6 +82,13 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
     if len(kv):
         parts.append(frame(kv[kv["metric"] == "total_s"][SWEEP_KEYS + ["speedup"]],
                            "kv_speedup", "speedup"))
+    regimes = read(stats_dir, "regimes")
+    if len(regimes):
+        on = regimes[(regimes["experiment"] == "sweep") & as_bool(regimes["use_cache"])]
+        verdict = on.groupby(["backend", "model", "dtype", "prompt_len"]).agg(
+            spikes=("spike", lambda s: int(as_bool(s).sum())), max_ratio=("ratio_median", "max"))
+        verdict = verdict.reset_index()
+        parts += [frame(verdict[SWEEP_KEYS[:-1] + [q]], q, q) for q in ("spikes", "max_ratio")]
     speedup = read(stats_dir, "speculative_speedup")
     if len(speedup):
         best = speedup.loc[speedup.groupby(["pair", "mode"])["speedup"].idxmax()]
