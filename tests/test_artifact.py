@@ -217,6 +217,21 @@ def test_comparison_matches_a_pair_of_other_models_not(tmp_path):
     assert set(table[table["quantity"] == "decode_s"]["status"]) == {"matched"}
 
 
+def test_comparison_counts_spikes_on_the_rules_metric_only(tmp_path):
+    local = host_dir(tmp_path / "local")
+    ref = host_dir(tmp_path / "reference" / "noisy")
+    regimes = pd.read_csv(ref / "stats" / "regimes.csv")
+    on = (regimes["experiment"] == "sweep") & (regimes["model"] == "gpt2-tiny")
+    first = {m: regimes.index[on & (regimes["metric"] == m)][0] for m in ("total_s", "decode_s")}
+    regimes.loc[list(first.values()), "spike"] = True
+    regimes.loc[first["total_s"], "ratio_median"] = 3.5
+    regimes.to_csv(ref / "stats" / "regimes.csv", index=False)
+    table = reference.compare(local / "stats", reference.reference_dirs(tmp_path / "reference"))
+    gpt2 = table[table["model"] == "gpt2-tiny"].set_index("quantity")
+    assert gpt2.loc["spikes", "reference_value"] == 1 and gpt2.loc["spikes", "local"] == 0
+    assert gpt2.loc["max_ratio", "reference_value"] == 3.5
+
+
 def test_comparison_without_references_is_empty(tmp_path):
     local = host_dir(tmp_path / "local")
     assert reference.reference_dirs(tmp_path / "absent") == {}

@@ -5,7 +5,8 @@ Each side is reduced to key numbers, one row per quantity and configuration:
     decode_s        median decode latency (all steps, cache on, sweep) per backend, model,
                     dtype, prompt length and budget
     kv_speedup      KV-cache speedup on total latency, same keys
-    spikes          budgets the regime rule flagged (cache-on sweep) per backend, model, dtype
+    spikes          budgets the regime rule flagged on total latency (cache-on sweep) per
+                    backend, model, dtype
     max_ratio       the largest ratio to the local trend there
     spec_speedup    best speculative speedup over K per pair and mode (each side at its own K)
     acceptance      acceptance per pair, mode and K
@@ -84,7 +85,8 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
                            "kv_speedup", "speedup"))
     regimes = read(stats_dir, "regimes")
     if len(regimes):
-        on = regimes[(regimes["experiment"] == "sweep") & as_bool(regimes["use_cache"])]
+        on = regimes[(regimes["experiment"] == "sweep") & as_bool(regimes["use_cache"])
+                     & (regimes["metric"] == "total_s")]  # the rule's metric; phases apart
         verdict = on.groupby(["backend", "model", "dtype", "prompt_len"]).agg(
             spikes=("spike", lambda s: int(as_bool(s).sum())), max_ratio=("ratio_median", "max"))
         verdict = verdict.reset_index()
