@@ -514,7 +514,7 @@ def test_macros_with_spikes(stats, tmp_path):
     assert m["ifCudaRan"] == "false" and "no\\_gpu \\& 100\\% CPU" in m["CudaSkipReason"]
     assert m["HostName"] == r"ci\_runner-01"
     assert m["BackendsRun"] == "CPU and MPS" and m["NumBackendsRun"] == "2"
-    assert m["SpeculativeReady"] == "false" and m["ifSpeculativeReady"] == "false"
+    assert m["ifSpeculativeReady"] == "false"
     assert float(m["KvSpeedupMin"]) < 1 < float(m["KvSpeedupMax"])
     assert m["KvMinBudget"] == "96" and m["KvSpeedupAtMaxSpike"] == m["KvSpeedupMin"]
     assert m["Confidence"] == r"95\%" and m["RegimeThreshold"] == "1.5"
@@ -526,7 +526,7 @@ def test_macros_one_backend_no_spikes(cpu_only, tmp_path):
     assert m["MaxSpikeRatio"] == "--" and m["ifAnySpikes"] == "false"
     assert m["NumSpikes"] == "0" and m["NumSpikesMps"] == "--"
     assert m["ifMpsRan"] == "false" and m["ifCudaRan"] == "false" and m["ifCpuRan"] == "true"
-    assert m["BackendsRun"] == "CPU" and m["BackendsSkipped"] == "CUDA and MPS"
+    assert m["BackendsRun"] == "CPU" and m["NumBackendsRun"] == "1"
     skipped = (tmp_path / "gen" / "tab_skipped.tex").read_text()
     assert skipped.count("skipped") == 2 and "CPU & yes & ran" in skipped
 
@@ -541,7 +541,7 @@ def test_speculative_flag_false_without_tables(stats, tmp_path):
 
 def test_speculative_macros(spec_stats, tmp_path):
     m = generate(spec_stats, tmp_path / "gen")
-    assert m["ifSpeculativeReady"] == "true" and m["SpeculativeReady"] == "true"
+    assert m["ifSpeculativeReady"] == "true"
     assert m["ifVerificationReady"] == "false"
     assert m["SpecNumPairsRequested"] == "5" and m["SpecNumPairsRun"] == "3"
     assert m["SpecNumPairsSkipped"] == "2" and m["ifSpecAnySkipped"] == "true"
@@ -556,8 +556,8 @@ def test_speculative_macros(spec_stats, tmp_path):
     assert m["SpecAccBestKSampled"] == r"57.0\%" and m["SpecAccBestKGreedy"] == r"67.0\%"
     assert m["SpecNumSlowerSampled"] == "2"
     assert m["SpecSlowerPairsSampled"] == r"\texttt{cpu-cpu} and \texttt{mps-mps}"
-    assert m["SpecParallelRatioMps"] == "8.20" and m["SpecParallelKMps"] == "8"
-    assert m["SpecParallelSerialMps"] == "9" and m["SpecParallelRatioCuda"] == "--"
+    summary = m["SpecParallelSummary"]
+    assert "MPS 8.20" in summary and "$K=8$ (serial: 9)" in summary and "CUDA" not in summary
     assert m["SpecParallelSummary"].startswith(r"CPU 1.64\x{} [1.56, 1.72] at $K=8$")
     assert m["SpecHfNumPairs"] == "2" and m["ifSpecHfRan"] == "true"
     assert m["SpecHfOverMin"] == "1.35" and m["SpecHfMinK"] == "1"
@@ -565,7 +565,7 @@ def test_speculative_macros(spec_stats, tmp_path):
     assert m["SpecAgreeOurs"] == r"100\%" and m["SpecAgreeHf"] == r"100\%"
     assert m["SpecBestAlpha"] == "0.570" and m["SpecBestPredicted"] == "1.21"
     assert m["SpecTheoryPoints"] == "36"
-    assert m["SpecTargetTrainLoss"] == "2.41" and m["SpecDraftHeldoutLoss"] == "3.24"
+    assert m["SpecDraftHeldoutLoss"] == "3.24"
     assert m["SpecBeta"] == "0.710" and m["SpecDraftGreedyAgreement"] == r"62.0\%"
     assert m["SpecCorpusHash"] == r"\texttt{9f2c4e1ab37d}"
     assert m["ifSpecTrainedPair"] == "true" and m["ifSpecDraftDistilled"] == "true"
@@ -593,7 +593,7 @@ def test_speculative_one_pair_without_hf(spec_one_pair, tmp_path):
     assert m["SpecNumSlowerSampled"] == "1" and m["SpecNumPairsSkipped"] == "4"
     assert "needs MPS" in m["SpecPairsSkipped"] and "needs CUDA" in m["SpecPairsSkipped"]
     assert m["ifSpecHfRan"] == "false" and m["SpecHfOverMin"] == "--"
-    assert m["SpecAgreeOurs"] == "--" and m["SpecParallelRatioMps"] == "--"
+    assert m["SpecAgreeOurs"] == "--" and "MPS" not in m["SpecParallelSummary"]
     assert "no Hugging Face" in (tmp_path / "gen" / "tab_spec_hf.tex").read_text()
 
 
@@ -620,7 +620,7 @@ def test_models_csv_with_flat_columns(spec_stats, tmp_path):
          "heldout_loss": 3.3, "teacher": "target", "corpus_sha256": "abcdef0123456789"},
     ]).to_csv(spec_stats / "models.csv", index=False)
     m = generate(spec_stats, tmp_path / "gen")
-    assert m["SpecTargetTrainLoss"] == "2.50" and m["SpecBeta"] == "--"
+    assert m["SpecBeta"] == "--"
     assert m["SpecCorpusHash"] == r"\texttt{abcdef012345}" and m["SpecCorpusMiB"] == "--"
     models = (tmp_path / "gen" / "tab_models.tex").read_text()
     assert r"\texttt{target} & -- & -- & 4.00M & 2.50 & 2.90 & -- & -- & 12.0" in models
@@ -658,7 +658,7 @@ def test_regimes_table_phase_attribution(stats, tmp_path):
 
 def test_verification_flag_false_without_tables(spec_stats, tmp_path):
     m = generate(spec_stats, tmp_path / "gen")
-    assert m["ifVerificationReady"] == "false" and m["VerificationReady"] == "false"
+    assert m["ifVerificationReady"] == "false"
     assert m["VerChiPCorrect"] == "--" and m["VerPowerLogRatioAcceptAll"] == "--"
     assert m["ifChiMeetsStandard"] == "false" and m["ifLogRatioMeetsStandard"] == "false"
     assert m["SeedChi"] == "162.5" and m["SeedChiTokens"] == "9,200"
@@ -679,7 +679,7 @@ def test_verification_macros(ver_stats, tmp_path):
     assert m["VerMcBlockPResampleFromP"] == r"\ensuremath{2.2\times10^{-17}}"
     assert m["VerChiStatCorrect"] == "188" and m["VerChiDofCorrect"] == "200"
     assert m["VerChiPCorrect"] == "0.720" and m["VerChiPAcceptAll"] == "0.0410"
-    assert m["VerChiNCorrect"] == "9,216" and m["VerLogRatioStatAcceptAll"] == "-11.2"
+    assert m["VerChiNCorrect"] == "9,216" and "VerLogRatioStatAcceptAll" not in m  # not quoted
     assert m["VerLogRatioPResampleFromP"] == r"\ensuremath{2.1\times10^{-6}}"
     assert m["VerPowerChiAcceptAll"] == r"40.0\%" and m["VerRejectionsChiCorrect"] == "2 of 10"
     assert m["VerPowerLogRatioResampleFromP"] == r"100\%"
@@ -690,10 +690,10 @@ def test_verification_macros(ver_stats, tmp_path):
     # the finding: the chi-square misses the wrong samplers and is liberal; the t-test does not
     assert m["ifChiRejectsWrong"] == "false" and m["ifChiFullPower"] == "false"
     assert m["ifChiLiberal"] == "true" and m["ifChiMeetsStandard"] == "false"
-    assert m["ifLogRatioRejectsWrong"] == "true" and m["ifLogRatioFullPower"] == "true"
-    assert m["ifLogRatioLiberal"] == "false" and m["ifLogRatioMeetsStandard"] == "true"
-    assert m["ifVerLevelOneAsExpected"] == "true" and m["ifVerLevelTwoAsExpected"] == "true"
-    assert m["ifVerLevelThreeAsExpected"] == "false" and m["ifVerAllAsExpected"] == "false"
+    log_ratio = paper.standard_flags(paper.read_verification(ver_stats), "cpu-cpu", "LogRatio")
+    assert log_ratio["LogRatioRejectsWrong"] and log_ratio["LogRatioFullPower"]
+    assert not log_ratio["LogRatioLiberal"] and m["ifLogRatioMeetsStandard"] == "true"
+    assert m["ifVerLevelTwoAsExpected"] == "true" and m["ifVerLevelThreeRan"] == "true"
 
 
 def test_verification_without_a_real_pair(stats, tmp_path):
@@ -709,7 +709,9 @@ def test_verification_flags_flip(ver_stats, tmp_path):
     m = generate(chi_passes(ver_stats), tmp_path / "gen")
     assert m["ifChiRejectsWrong"] == "true" and m["ifChiFullPower"] == "true"
     assert m["ifChiLiberal"] == "false" and m["ifChiMeetsStandard"] == "true"
-    assert m["ifLogRatioFullPower"] == "false" and m["ifLogRatioMeetsStandard"] == "false"
+    log_ratio = paper.standard_flags(paper.read_verification(chi_passes(ver_stats)), "cpu-cpu",
+                                     "LogRatio")
+    assert not log_ratio["LogRatioFullPower"] and m["ifLogRatioMeetsStandard"] == "false"
 
 
 def test_verification_tables(ver_stats, tmp_path):
@@ -826,6 +828,24 @@ def test_every_macro_used_in_paper_is_defined(scenario, tmp_path):
     assert not used - set(m), f"used in paper/ but not generated: {sorted(used - set(m))}"
     flags = {"if" + f for f in re.findall(r"\\if([A-Z][A-Za-z]*)", text)}
     assert not flags - set(m), f"\\if flags not generated: {sorted(flags - set(m))}"
+
+
+def read_back_by_tables() -> set[str]:
+    """Macros whose values a table builder reads (m["X"]) instead of the text quoting them."""
+    source = (ROOT / "src/decodelab/paper.py").read_text()
+    return set(re.findall(r"""\b(?:m|macros)\[["']([A-Za-z]+)["']\]""", source))
+
+
+@pytest.mark.parametrize("scenario", ["with_verification", "with_spikes"])
+def test_every_generated_macro_is_used_in_the_paper(scenario, tmp_path):
+    stats = write_stats(tmp_path / "stats", spikes=scenario == "with_spikes")
+    write_spec_stats(stats)
+    write_verification_stats(stats)
+    m = generate(stats, tmp_path / "gen")
+    text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
+    unused = sorted(name for name in m if not re.search(rf"\\{name}(?![A-Za-z])", text)
+                    and name not in read_back_by_tables())
+    assert not unused, f"generated but never used: {unused}"
 
 
 def test_every_generated_input_is_produced(stats, tmp_path):

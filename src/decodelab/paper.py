@@ -284,7 +284,6 @@ def settings_macros(settings: dict) -> dict[str, str]:
         "ModelNames": human_list([f"\\texttt{{{tex_escape(m)}}}" for m in models]),
         "Dtype": human_list([f"\\texttt{{{tex_escape(d)}}}" for d in dtype_names(settings)]),
         "PromptLengths": human_list([str(p) for p in prompts], empty=NONE),
-        "NumPromptLengths": str(len(prompts)),
         "Budgets": budget_list(budgets),
         "BudgetMin": str(budgets[0]) if budgets else NONE,
         "BudgetMax": str(budgets[-1]) if budgets else NONE,
@@ -313,16 +312,11 @@ def environment_macros(env: pd.DataFrame, skipped: pd.DataFrame,
     macros = {
         "NumBackendsRun": str(len(ran)),
         "BackendsRun": human_list([label(b) for b in ran]),
-        "NumBackendsSkipped": str(len(reasons)),
-        "BackendsSkipped": human_list([label(b) for b in reasons]),
         "TorchVersion": tex_escape(one_value(env, "torch")),
         "TransformersVersion": tex_escape(one_value(env, "transformers")),
         "PythonVersion": tex_escape(one_value(env, "python")),
         "GitCommit": (f"\\texttt{{{tex_escape(one_value(env, 'git_commit', short_commit))}}}"
                       if len(env) else "unknown"),
-        "CpuModel": tex_escape(one_value(env, "cpu_model")),
-        "CpuCount": one_value(env, "cpu_count"),
-        "RamGiB": one_value(env, "ram_bytes", gib),
     }
     flags = {}
     for backend in BACKEND_ORDER:
@@ -343,7 +337,6 @@ def environment_macros(env: pd.DataFrame, skipped: pd.DataFrame,
 
 
 def latency_macros(latency: pd.DataFrame) -> dict[str, str]:
-    grid = ["experiment", "backend", "model", "dtype", "prompt_len", "use_cache", "budget"]
     on = cache_on(latency)
     per_token = on[on["metric"] == "decode_per_token_s"]["median"]
     prefill = on[on["metric"] == "prefill_s"]["median"]
@@ -351,7 +344,6 @@ def latency_macros(latency: pd.DataFrame) -> dict[str, str]:
     return {
         "NumFamilies": str(len(families)),
         "Families": human_list([FAMILY_LABELS.get(f, tex_escape(f)) for f in families]),
-        "NumConfigs": integer(len(latency[grid].drop_duplicates())),
         "ProcessesMin": integer(latency["n"].min()) if len(latency) else NONE,
         "DecodeTokenMsMin": ms(per_token.min()) if len(per_token) else NONE,
         "DecodeTokenMsMax": ms(per_token.max()) if len(per_token) else NONE,
@@ -775,8 +767,7 @@ def spec_settings_macros(settings: dict) -> dict[str, str]:
     ks = sorted(int(k) for k in spec.get("ks", []))
     par_ks = sorted(int(k) for k in par.get("ks", []))
     return {
-        "SpecKs": budget_list(ks), "SpecNumKs": str(len(ks)),
-        "SpecKMax": str(ks[-1]) if ks else NONE,
+        "SpecKs": budget_list(ks),
         "SpecModes": human_list(list(spec.get("modes", [])), empty=NONE),
         "SpecTemperature": plain(spec.get("temperature")),
         "SpecTopK": "off" if spec.get("top_k") in (None, 0) else str(spec["top_k"]),
@@ -823,8 +814,6 @@ def spec_pair_macros(t: dict[str, pd.DataFrame], settings: dict,
         "SpecPairsRun": human_list([tt(p) for p in pair_order(settings, speedup) if p in ran]),
         "SpecNumPairsSkipped": str(len(skipped)),
         "SpecPairsSkipped": human_list([f"{tt(p)} ({why})" for p, why in skipped.items()]),
-        "SpecHeadlineMode": mode,
-        "SpecFirstK": str(first_k(acceptance)) if first_k(acceptance) is not None else NONE,
     }
     for m in ("sampled", "greedy"):
         name = m.title()
@@ -882,18 +871,11 @@ def spec_result_macros(t: dict[str, pd.DataFrame], settings: dict) -> dict[str, 
     target = requested_pairs(settings).get(pair, {}).get("target") if pair else None
     summary = []
     for backend in BACKEND_ORDER:
-        name = camel(backend)
         row = parallel_row(parallelism, backend, target)
-        if row is None:
-            macros.update({f"SpecParallelRatio{name}": NONE, f"SpecParallelCI{name}": NONE,
-                           f"SpecParallelK{name}": NONE, f"SpecParallelSerial{name}": NONE})
-            continue
-        k = int(row["k"])
-        macros.update({f"SpecParallelRatio{name}": sig(row["ratio"]),
-                       f"SpecParallelCI{name}": ci(row["ci_low"], row["ci_high"]),
-                       f"SpecParallelK{name}": str(k), f"SpecParallelSerial{name}": str(k + 1)})
-        summary.append(f"{label(backend)} {sig(row['ratio'])}\\x{{}} "
-                       f"{ci(row['ci_low'], row['ci_high'])} at $K={k}$ (serial: {k + 1})")
+        if row is not None:
+            k = int(row["k"])
+            summary.append(f"{label(backend)} {sig(row['ratio'])}\\x{{}} "
+                           f"{ci(row['ci_low'], row['ci_high'])} at $K={k}$ (serial: {k + 1})")
     macros["SpecParallelSummary"] = "; ".join(summary) or NONE
 
     ratio = hf.dropna(subset=["ours_over_hf"]) if "ours_over_hf" in hf else hf.iloc[0:0]
@@ -922,9 +904,7 @@ def spec_model_macros(models: pd.DataFrame, settings: dict, pair: str | None) ->
         "SpecTarget": tt(target) if target else NONE, "SpecDraft": tt(draft) if draft else NONE,
         "SpecTargetParams": num(models, target, "parameters", millions),
         "SpecDraftParams": num(models, draft, "parameters", millions),
-        "SpecTargetTrainLoss": num(models, target, "train_loss"),
         "SpecTargetHeldoutLoss": num(models, target, "heldout_loss"),
-        "SpecDraftTrainLoss": num(models, draft, "train_loss"),
         "SpecDraftHeldoutLoss": num(models, draft, "heldout_loss"),
         "SpecBeta": num(models, draft, "beta"),
         "SpecDraftGreedyAgreement": num(models, draft, "greedy_agreement", pct),
@@ -1105,6 +1085,11 @@ CHECKS = (                # macro fragment, level, what a check's name must cont
     ("Chi", 3, "chi"), ("LogRatio", 3, "log"), ("Greedy", 3, "greedy"),
 )
 TEST_LABELS = {"Chi": "two-sample chi-square", "LogRatio": "log-ratio $t$-test"}
+# What the text quotes of each check (the tables show the rest): every rule's p-value and the
+# correct rule's other fields; power as rejections over seeds for levels 2 and 3.
+QUOTED = {"McSingle": ("P",), "McBlock": ("P",), "Chi": ("Stat", "Dof", "P", "N"),
+          "LogRatio": ("Stat", "P")}
+POWER_QUOTED = ("McBlock", "McSingle", "Chi", "LogRatio")
 P_FLOOR = 1e-300          # a p-value that underflowed to 0 prints as "< this"
 NEAR_TIE_LOGIT = 1e-2     # a greedy divergence whose top-1 minus top-2 logit margin is below
                           # this is called a near-tie (batched vs one-token float rounding)
@@ -1192,9 +1177,6 @@ def verification_settings_macros(settings: dict) -> dict[str, str]:
     ints = lambda xs: ", ".join(str(int(x)) for x in xs or []) or NONE  # noqa: E731
     return {
         "VerK": str(v.get("k", NONE)), "VerAlpha": plain(v.get("alpha")),
-        "VerSeeds": str(v.get("seeds", NONE)),
-        "VerPairs": human_list([tt(p) for p in v.get("pairs") or []], empty=NONE),
-        "VerNumPairsRequested": str(len(v.get("pairs") or [])),
         "VerExactRandomPairs": integer(ex.get("random_pairs")),
         "VerExactVocabs": human_list([f"{int(x):,}" for x in ex.get("vocab_sizes") or []],
                                      empty=NONE),
@@ -1203,27 +1185,26 @@ def verification_settings_macros(settings: dict) -> dict[str, str]:
         "VerExactRealPositions": integer(ex.get("real_positions")),
         "VerBlockVocab": str(ex.get("block_vocab", NONE)),
         "VerBlockKs": ints(ex.get("block_ks")),
-        "VerBlockKMax": str(max(ex["block_ks"])) if ex.get("block_ks") else NONE,
         "VerMcDraws": integer(mc.get("draws")), "VerMcVocab": str(mc.get("vocab", NONE)),
         "VerMcBlockDraws": integer(mc.get("block_draws")),
         "VerRealTokens": integer(real.get("tokens")), "VerRealBudget": str(real.get("budget",
                                                                                     NONE)),
         "VerRealTop": str(real.get("top", NONE)),
-        "VerRealTopPlusOne": str(int(real["top"]) + 1) if real.get("top") else NONE,
         "VerRealPrompts": str(real.get("prompts", NONE)),
-        "VerPowerTokens": integer(real.get("power_tokens")),
-        "VerGreedyPromptsSetting": str(real.get("greedy_prompts", NONE)),
         "VerExactTol": sci(EXACT_TOL, 1), "VerLiberalLevel": plain(LIBERAL_LEVEL),
     }
 
 
 def check_macros(t: dict[str, pd.DataFrame], pair: str | None) -> dict[str, str]:
-    """Ver<Check><Stat|Dof|P|N><Sampler> for every known check and sampler; level 1 takes the
-    max error over its rows (block K = 1..3), the others the row of `pair`."""
+    """Ver<Check><Field><Sampler> for the fields the text quotes (QUOTED): every rule's p-value,
+    the correct rule's statistic, dof and size; level 1 would take the max error over its rows,
+    the others take the row of `pair`."""
     macros = {}
     samplers = SAMPLER_ORDER + tuple(s for s in ordered_samplers(t["levels"])
                                      if s not in SAMPLER_ORDER)
     for fragment, level, _ in CHECKS:
+        if fragment not in QUOTED:
+            continue
         rows = on_pair(t["levels"], fragment, pair)
         for sampler in samplers:
             g = rows[rows["sampler"] == sampler] if len(rows) else rows
@@ -1239,8 +1220,10 @@ def check_macros(t: dict[str, pd.DataFrame], pair: str | None) -> dict[str, str]
                 dof = integer(row["dof"]) if row is not None and finite(row["dof"]) else NONE
                 p = pval(row["p_value"]) if row is not None else NONE
                 n = integer(row["n"]) if row is not None else NONE
-            macros.update({f"Ver{fragment}Stat{name}": stat, f"Ver{fragment}Dof{name}": dof,
-                           f"Ver{fragment}P{name}": p, f"Ver{fragment}N{name}": n})
+            values = {"Stat": stat, "Dof": dof, "P": p, "N": n}
+            for field in QUOTED.get(fragment, ()):
+                if field == "P" or sampler == "correct":
+                    macros[f"Ver{fragment}{field}{name}"] = values[field]
     return macros
 
 
@@ -1248,13 +1231,14 @@ def power_macros(t: dict[str, pd.DataFrame], pair: str | None) -> dict[str, str]
     """VerPower<Check><Sampler> (rate) and VerRejections<Check><Sampler> ('r of s')."""
     macros = {}
     power = t["power"]
-    for fragment, _, _ in CHECKS:
+    for fragment in POWER_QUOTED:
         rows = on_pair(power, fragment, pair)
         for sampler in SAMPLER_ORDER:
             g = rows[rows["sampler"] == sampler] if len(rows) else rows
             row = g.iloc[0] if len(g) else None
             name = sampler_name(sampler)
-            macros[f"VerPower{fragment}{name}"] = pct(row["rate"]) if row is not None else NONE
+            if fragment in ("Chi", "LogRatio"):
+                macros[f"VerPower{fragment}{name}"] = pct(row["rate"]) if row is not None else NONE
             macros[f"VerRejections{fragment}{name}"] = (
                 f"{int(row['rejections'])} of {int(row['seeds'])}" if row is not None else NONE)
     real = pd.concat([on_pair(power, f, pair) for f in ("Chi", "LogRatio")]) if len(power) \
@@ -1308,7 +1292,6 @@ def greedy_macros(greedy: pd.DataFrame, pair: str | None) -> tuple[dict[str, str
         and finite(row["min_margin"]) else NONE,
         "VerGreedyNumPairs": str(len(greedy)) if len(greedy) else "0",
         "VerGreedyFractionMin": pct(fractions.min()) if len(fractions) else NONE,
-        "VerGreedyMarginMinAll": sig(margins.min()) if len(margins) else NONE,
     }
     macros["VerNearTie"] = plain(NEAR_TIE_LOGIT)
     flags = {"VerGreedyRan": row is not None,
@@ -1319,14 +1302,14 @@ def greedy_macros(greedy: pd.DataFrame, pair: str | None) -> tuple[dict[str, str
 
 
 def level_flags(levels: pd.DataFrame) -> dict[str, bool]:
-    """VerLevel<One|Two|Three>AsExpected: every verdict of the level equals the expected one."""
-    flags = {}
-    for level, word in ((1, "One"), (2, "Two"), (3, "Three")):
-        rows = levels[levels["level"] == level] if len(levels) else levels
-        flags[f"VerLevel{word}Ran"] = len(rows) > 0
-        flags[f"VerLevel{word}AsExpected"] = bool(len(rows)) and bool(
-            (rows["rejected"] == rows["expected_rejected"]).all())
-    return flags
+    """VerLevelTwoAsExpected (every level-2 verdict equals the expected one), VerLevelThreeRan."""
+    def rows(level: int) -> pd.DataFrame:
+        return levels[levels["level"] == level] if len(levels) else levels
+
+    two = rows(2)
+    return {"VerLevelTwoAsExpected": bool(len(two)) and bool(
+                (two["rejected"] == two["expected_rejected"]).all()),
+            "VerLevelThreeRan": len(rows(3)) > 0}
 
 
 def seed_verification_macros() -> dict[str, str]:
@@ -1349,7 +1332,6 @@ def verification_macros(t: dict[str, pd.DataFrame] | None, settings: dict
     right1 = l1[l1["sampler"] == "correct"] if len(l1) else l1
     wrong1 = l1[l1["sampler"].isin(WRONG_SAMPLERS)] if len(l1) else l1
     pairs_ran = [p for p in spec_pairs(levels) if p]
-    tokens = t["tokens"]
     macros = {
         **verification_settings_macros(settings), **seed_verification_macros(),
         "VerPair": tt(pair) if pair else NONE,
@@ -1357,10 +1339,6 @@ def verification_macros(t: dict[str, pd.DataFrame] | None, settings: dict
         "VerPairsRun": human_list([tt(p) for p in pairs_ran]),
         "VerExactErrCorrect": sci(right1["statistic"].max()) if len(right1) else NONE,
         "VerExactErrWrongMin": sci(wrong1["statistic"].min()) if len(wrong1) else NONE,
-        "VerExactNumCases": integer(right1["n"].sum()) if len(right1) else NONE,
-        "VerExactNumChecks": str(len(right1)),
-        "VerTokensShown": integer(tokens["rank"].max()) if len(tokens) and "rank" in tokens
-        else NONE,
         **check_macros(t, pair), **power_macros(t, pair),
     }
     g_macros, g_flags = greedy_macros(t["greedy"], pair)
@@ -1368,11 +1346,11 @@ def verification_macros(t: dict[str, pd.DataFrame] | None, settings: dict
     flags = {"VerExactPasses": bool(len(right1)) and not bool(right1["rejected"].any()),
              "VerExactRejectsWrong": bool(len(wrong1)) and bool(
                  wrong1[wrong1["expected_rejected"]]["rejected"].all()),
-             "VerMultiPair": len(pairs_ran) > 1, "VerPowerRan": len(t["power"]) > 0,
-             **level_flags(levels), **g_flags,
-             **standard_flags(t, pair, "Chi"), **standard_flags(t, pair, "LogRatio")}
-    flags["VerAllAsExpected"] = all(flags[f"VerLevel{w}AsExpected"] for w in ("One", "Two",
-                                                                               "Three"))
+             "VerMultiPair": len(pairs_ran) > 1, **level_flags(levels), **g_flags}
+    chi, log_ratio = (standard_flags(t, pair, f) for f in ("Chi", "LogRatio"))
+    flags |= {k: chi[k] for k in ("ChiRejectsWrong", "ChiFullPower", "ChiLiberal",
+                                  "ChiMeetsStandard")}
+    flags["LogRatioMeetsStandard"] = log_ratio["LogRatioMeetsStandard"]
     return macros, flags
 
 
@@ -1686,8 +1664,7 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
     macros = {**settings_macros(settings), **env_macros, **latency_macros(t["latency"]),
               **reg_macros, **kv_macros(t["kv_speedup"]),
               "KvSpeedupAtMaxSpike": kv_at_spike(t["kv_speedup"], t["regimes"]),
-              **spec_macros, **ver_macros, **depth_macros,
-              **{name: str(ready).lower() for name, ready in stages.items()}}
+              **spec_macros, **ver_macros, **depth_macros}
     flags = {**env_flags, **reg_flags, "AnyInitWeights": bool(init_models(settings)),
              **spec_flags, **ver_flags, **stages, **depth_flags}
     from .paper_artifact import artifact_parts  # imports this module: no cycle at load
