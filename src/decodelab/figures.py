@@ -107,6 +107,17 @@ def new_figure(nrows: int, ncols: int, row_in: float = ROW_IN,
     return fig, axes
 
 
+def used_panels(axes: np.ndarray, n: int):
+    """(index, axis) of the first n panels; the rest hidden, or one 'no data' panel if n is 0."""
+    for i, ax in enumerate(axes.flat):
+        if i < n:
+            yield i, ax
+        elif n:
+            ax.set_visible(False)
+        else:
+            empty_panel(ax)
+
+
 def wants_log(low: np.ndarray, high: np.ndarray) -> bool:
     """Log-y when the values span more than LOG_Y_SPAN (spikes, or budgets over decades)."""
     low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
@@ -239,13 +250,7 @@ def kv_figure(kv: pd.DataFrame, out_stem: Path) -> list[Path]:
     log = wants_log(total["ci_low"].to_numpy(), total["ci_high"].to_numpy())
     with rc_context(STYLE):
         fig, axes = new_figure(nrows, ncols, row_in=1.7)
-        for i, ax in enumerate(axes.flat):
-            if i >= len(models):
-                if models:
-                    ax.set_visible(False)
-                else:
-                    empty_panel(ax)
-                continue
+        for i, ax in used_panels(axes, len(models)):
             draw_kv_panel(ax, total[total["model"] == models[i]], backends, all_variants, log)
             ax.set_title(models[i])
             if i % ncols == 0:
@@ -819,13 +824,7 @@ def pvalues_figure(pvalues: pd.DataFrame, out_stem: Path, alpha: float | None = 
     rng = np.random.default_rng(0)  # jitter only
     with rc_context(STYLE):
         fig, axes = new_figure(nrows, ncols, row_in=1.35)
-        for i, ax in enumerate(axes.flat):
-            if i >= len(panels):
-                if panels:
-                    ax.set_visible(False)
-                else:
-                    empty_panel(ax)
-                continue
+        for i, ax in used_panels(axes, len(panels)):
             level, check, pair = panels[i]
             rows = pvalues[(pvalues["level"] == level) & (pvalues["check"] == check)
                            & (pvalues["pair"] == pair)]
