@@ -16,13 +16,6 @@ from . import reference as rf
 from .paper import NONE, human_list, integer, sig, tabular, tex_escape, tt
 
 
-def read_csv(stats_dir: Path, name: str) -> pd.DataFrame:
-    try:
-        return pd.read_csv(Path(stats_dir) / f"{name}.csv", keep_default_na=True)
-    except (FileNotFoundError, pd.errors.EmptyDataError):
-        return pd.DataFrame()
-
-
 def text(value) -> str:
     return "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
 
@@ -182,9 +175,9 @@ def benchmark_macros(bench: pd.DataFrame) -> tuple[dict[str, str], dict[str, boo
 
 def artifact_parts(stats_dir: Path) -> tuple[dict[str, str], dict[str, bool], dict[str, str]]:
     """(macros, flags, files) for hosts, the reference comparison and the benchmarks."""
-    hosts = read_csv(stats_dir, "hosts")
-    comparison = read_csv(stats_dir, "reference_comparison")
-    bench = read_csv(stats_dir, "benchmarks")
+    hosts = rf.read(stats_dir, "hosts")
+    comparison = rf.read(stats_dir, "reference_comparison")
+    bench = rf.read(stats_dir, "benchmarks")
     macros, flags = {}, {}
     for m, f in (hosts_macros(hosts), reference_macros(comparison), benchmark_macros(bench)):
         macros.update(m)
