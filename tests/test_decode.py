@@ -44,6 +44,15 @@ def test_the_full_budget_is_decoded_even_past_eos(model):
     assert out.prefill_s > 0 and all(s > 0 for s in out.step_s)
 
 
+def test_a_probe_is_read_once_per_step(model):
+    prompt = prompt_for(model)
+    calls = iter(range(100))
+    out = decode(model, prompt, 9, probe=lambda: float(next(calls)))
+    assert out.probed == [float(i) for i in range(8)]
+    assert len(out.step_s) == 8
+    assert decode(model, prompt, 9).probed == []
+
+
 def test_seeded_sampling_is_reproducible_and_differs_from_greedy(model):
     prompt = prompt_for(model)
 

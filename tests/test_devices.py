@@ -13,8 +13,8 @@ import torch
 from decodelab import devices
 
 FINGERPRINT_KEYS = {
-    "hostname", "backend", "device_name", "cpu_model", "cpu_count", "ram_bytes", "os",
-    "python", "torch", "transformers", "git_commit", "config_hash", "timestamp",
+    "hostname", "backend", "device_name", "device_index", "cpu_model", "cpu_count", "ram_bytes",
+    "os", "python", "torch", "transformers", "git_commit", "config_hash", "timestamp",
 }
 
 
@@ -223,3 +223,60 @@ def test_config_hash_is_stable_for_equal_specs():
 def test_config_hash_differs_for_different_specs(other):
     base = {"model": "gpt2", "budgets": [1, 2, 4]}
     assert devices.config_hash(base) != devices.config_hash(other)
+
+
+# claim_gpu: one device per process on a host of several
+
+
+@pytest.fixture
+def fresh_claim(monkeypatch):
+    monkeypatch.setattr(devices, "_claimed", {})
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def test_claim_gpu_takes_a_free_device_and_skips_a_held_one(tmp_path, fresh_claim):
+    held = open(tmp_path / "decodelab-cuda0.lock", "w")
+    import fcntl
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another job holds device 0
+    assert devices.claim_gpu(tmp_path, count=3) == 1
+    assert devices.claim_gpu(tmp_path, count=3) == 1  # once per process
+    assert fresh_claim == [1]
+    held.close()
+
+
+def test_claim_gpu_waits_until_a_device_is_released(tmp_path, fresh_claim, monkeypatch):
+    import fcntl
+    held = [open(tmp_path / f"decodelab-cuda{i}.lock", "w") for i in range(2)]
+    for h in held:
+        fcntl.flock(h, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    polls = []
+
+    def release_after_two_polls(_):
+        polls.append(1)
+        if len(polls) == 2:
+            held[1].close()
+
+    monkeypatch.setattr(devices.time, "sleep", release_after_two_polls)
+    assert devices.claim_gpu(tmp_path, count=2) == 1
+    assert len(polls) == 2 and fresh_claim == [1]
+    held[0].close()
+
+
+def test_claim_gpu_on_one_device_takes_no_lock(tmp_path, fresh_claim):
+    assert devices.claim_gpu(tmp_path, count=1) == 0
+    assert list(tmp_path.iterdir()) == [] and fresh_claim == []
+
+
+def test_sm_clock_probe_is_none_off_cuda():
+    assert devices.sm_clock_probe("cpu") is None
+
+
+def test_git_commit_prefers_the_environment(monkeypatch):
+    devices.git_commit.cache_clear()
+    monkeypatch.setenv("DECODELAB_GIT_COMMIT", "abc123")
+    try:
+        assert devices.git_commit() == "abc123"
+    finally:
+        devices.git_commit.cache_clear()

@@ -52,8 +52,11 @@ def test_ablation_rows_carry_timings_memory_and_provenance(model_dir):
     assert (df["tokens_generated"] == df["budget"]).all()
     assert (df["step_s"].map(len) == df["budget"] - 1).all()
     assert (df["rss_bytes"] > 0).all()
+    assert (df["step_sm_clock_mhz"].map(len) == 0).all()  # no GPU clock off CUDA
+    assert df["sm_clock_median_mhz"].isna().all()
     for col in ("hostname", "device_name", "torch", "transformers", "git_commit", "config_hash",
-                "timestamp", "seed", "shuffle_seed", "family", "parameters", "source"):
+                "timestamp", "seed", "shuffle_seed", "family", "parameters", "source",
+                "device_index"):
         assert df[col].notna().all(), col
     assert df["family"].iloc[0] == "gpt2" and df["source"].iloc[0] == "init"
 

@@ -21,12 +21,15 @@ def prepare_model(args):
 
 
 def require_backends(*backends: str) -> None:
-    from .devices import backend_available, why_unavailable
+    """Fail early on a missing backend; on a host of several GPUs, take one of them."""
+    from .devices import backend_available, claim_gpu, why_unavailable
 
     for backend in backends:
         if not backend_available(backend):
             raise DecodelabError(f"backend {backend!r} is not available on this host: "
                                  f"{why_unavailable(backend)}")
+    if "cuda" in backends:
+        claim_gpu()
 
 
 def sweep(args):

@@ -8,6 +8,8 @@ sequence, which is what `use_cache=False` means for latency.
 from __future__ import annotations
 
 import inspect
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +24,7 @@ class Decoded:
     tokens: list[int]
     prefill_s: float
     step_s: list[float] = field(default_factory=list)
+    probed: list[float] = field(default_factory=list)
 
     @property
     def decode_s(self) -> float:
@@ -52,8 +55,10 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: floa
 @torch.inference_mode()
 def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-           generator: torch.Generator | None = None) -> Decoded:
-    """Generate exactly `budget` tokens after `prompt` ([1, T] ids on the model's device)."""
+           generator: torch.Generator | None = None,
+           probe: Callable[[], float] | None = None) -> Decoded:
+    """Generate exactly `budget` tokens after `prompt` ([1, T] ids on the model's device).
+    `probe` (a device clock, say) is read after every step, outside the step's time."""
     device = prompt.device
     cache = DynamicCache(config=model.config) if use_cache else None
     start = now(device)
@@ -69,5 +74,8 @@ def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
         t = now(device)
         out.step_s.append(t - last)
         last = t
+        if probe is not None:
+            out.probed.append(probe())
+            last = time.perf_counter()
     out.tokens = torch.cat(generated, dim=1)[0].tolist()
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -10,7 +11,9 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +46,44 @@ def why_unavailable(backend: str) -> str:
             return "this torch build has no MPS support (MPS needs macOS on Apple silicon)"
         return "torch.backends.mps.is_available() is False (needs macOS 12.3+ on Apple silicon)"
     return ""
+
+
+_claimed: dict[str, object] = {}
+
+
+def claim_gpu(lock_dir: str | Path | None = None, count: int | None = None,
+              poll_s: float = 1.0) -> int:
+    """On a host with several CUDA devices, take the first one no other decodelab process holds
+    (an exclusive lock held until this process exits) and make it the current device, so that
+    `snakemake --resources gpu=N` runs N GPU jobs at once, one per device. Waits while all are
+    taken. Returns the device index."""
+    if "index" in _claimed:
+        return _claimed["index"]
+    count = torch.cuda.device_count() if count is None else count
+    lock_dir = Path(lock_dir or os.environ.get("DECODELAB_LOCK_DIR", tempfile.gettempdir()))
+    index = 0
+    while count > 1:
+        index = try_locks(lock_dir, count)
+        if index is not None:
+            break
+        time.sleep(poll_s)
+    if count > 1:
+        torch.cuda.set_device(index)
+    _claimed["index"] = index
+    return index
+
+
+def try_locks(lock_dir: Path, count: int) -> int | None:
+    for index in range(count):
+        handle = open(lock_dir / f"decodelab-cuda{index}.lock", "w")  # noqa: SIM115 (held open)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        _claimed["handle"] = handle
+        return index
+    return None
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -95,9 +136,21 @@ def memory_snapshot(device: torch.device | str) -> dict[str, float]:
     return snap
 
 
+def sm_clock_probe(device: torch.device | str) -> Callable[[], float] | None:
+    """A reader of the CUDA device's SM clock in MHz (NVML, through nvidia-ml-py), or None off
+    CUDA or without NVML. NVML averages the clock over 1/6 s to 1 s."""
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        torch.cuda.clock_rate()
+    except Exception:  # no nvidia-ml-py, no driver: the rows carry NaN
+        return None
+    return lambda: float(torch.cuda.clock_rate())
+
+
 def device_name(backend: str) -> str:
     if backend == "cuda":
-        return torch.cuda.get_device_name(0)
+        return torch.cuda.get_device_name()
     if backend == "mps":
         return f"Apple MPS ({platform.machine()}, macOS {platform.mac_ver()[0]})"
     return cpu_model()
@@ -120,6 +173,10 @@ def cpu_model() -> str:
 
 @functools.cache
 def git_commit() -> str:
+    """The checkout's commit; DECODELAB_GIT_COMMIT wins where the tree was copied without its
+    own .git (a container, a device machine)."""
+    if os.environ.get("DECODELAB_GIT_COMMIT"):
+        return os.environ["DECODELAB_GIT_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
@@ -127,7 +184,7 @@ def git_commit() -> str:
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("DECODELAB_GIT_COMMIT", "unknown")
+        return "unknown"
     return sha + ("-dirty" if dirty else "")
 
 
@@ -144,6 +201,7 @@ def fingerprint(backend: str, spec: dict) -> dict[str, str | int]:
         "hostname": socket.gethostname(),
         "backend": backend,
         "device_name": device_name(backend),
+        "device_index": torch.cuda.current_device() if backend == "cuda" else 0,
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count() or 0,
         "ram_bytes": psutil.virtual_memory().total,

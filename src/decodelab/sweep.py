@@ -15,7 +15,7 @@ from transformers import AutoConfig
 
 from . import models
 from .decode import decode
-from .devices import fingerprint, memory_snapshot, reset_peak_memory
+from .devices import fingerprint, memory_snapshot, reset_peak_memory, sm_clock_probe
 from .errors import DecodelabError
 
 
@@ -57,10 +57,12 @@ def warm_up(model, prompts: dict[int, torch.Tensor], caches: Iterable[bool], bud
                 decode(model, prompt, budget, use_cache=use_cache)
 
 
-def measure(model, prompt: torch.Tensor, cfg: dict, device: str) -> dict:
+def measure(model, prompt: torch.Tensor, cfg: dict, device: str, probe=None) -> dict:
     reset_peak_memory(device)
-    out = decode(model, prompt, cfg["budget"], use_cache=cfg["use_cache"])  # ends synchronized
+    out = decode(model, prompt, cfg["budget"], use_cache=cfg["use_cache"],
+                 probe=probe)  # ends synchronized
     steps = np.asarray(out.step_s) if out.step_s else np.asarray([np.nan])
+    clocks = np.asarray(out.probed) if out.probed else np.asarray([np.nan])
     return {
         **cfg,
         "prefill_s": out.prefill_s,
@@ -70,6 +72,11 @@ def measure(model, prompt: torch.Tensor, cfg: dict, device: str) -> dict:
         "step_median_s": float(np.median(steps)),
         "step_max_s": float(np.max(steps)),
         "step_s": [float(s) for s in out.step_s],
+        # The GPU's SM clock after each step (CUDA with NVML): a step slow at a low clock is the
+        # GPU's power management, a step slow at full clock is the host.
+        "step_sm_clock_mhz": [float(c) for c in out.probed],
+        "sm_clock_median_mhz": float(np.median(clocks)),
+        "sm_clock_min_mhz": float(np.min(clocks)),
         "tokens_generated": len(out.tokens),
         **memory_snapshot(device),
     }
@@ -104,8 +111,10 @@ def run_dtype(model_dir: str, model_name: str, backend: str, spec: dict, repeat:
     warm_up(model, prompts, caches, min(spec["budgets"]), spec["warmup"])
     rows = []
     label = f"{experiment} {backend}/{model_name} {spec['dtype']} rep{repeat}"
+    probe = sm_clock_probe(backend)
     for order, cfg in enumerate(tqdm(grid, desc=label, disable=not progress, mininterval=1)):
-        rows.append({"order": order, **measure(model, prompts[cfg["prompt_len"]], cfg, backend)})
+        rows.append({"order": order,
+                     **measure(model, prompts[cfg["prompt_len"]], cfg, backend, probe)})
     meta = {
         "experiment": experiment,
         "model": model_name,

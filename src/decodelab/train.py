@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .devices import backend_available, device_name, why_unavailable
+from .devices import backend_available, claim_gpu, device_name, why_unavailable
 from .errors import DecodelabError
 
 EOT = "<|endoftext|>"
@@ -326,6 +326,7 @@ def training_device(spec: dict) -> str:
         raise DecodelabError(f"train model spec: key 'device' is {device!r}, which is not "
                              f"available here ({why_unavailable(device)})")
     if device == "cuda":
+        claim_gpu()
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: minutes, not tens of minutes
     return device
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H200 reference run: the Snakemake DAG of config/gpu.yaml up to the per-host statistics and
-# figures (no TeX there), resumable across calls on the same machine. Usage: reference.sh SECONDS
+# figures (no TeX there), resumable across calls on the same machine, one GPU job per GPU
+# (`--resources gpu=N`, decodelab takes a free device in each job). Usage: run.sh SECONDS
 set -uo pipefail
 deadline=$((SECONDS + ${1:-560}))
 [ -d /tmp/site/snakemake ] || python3 -m pip install -q --no-index --no-deps --no-compile \
@@ -8,15 +9,30 @@ deadline=$((SECONDS + ${1:-560}))
 mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m decodelab.cli "$@"\n' >/tmp/bin/decodelab
 chmod +x /tmp/bin/decodelab
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/bin:$PATH PYTHONUNBUFFERED=1
-export DECODELAB_GIT_COMMIT=${DECODELAB_GIT_COMMIT:-unknown}
+export DECODELAB_GIT_COMMIT=$(cat .gpu/commit 2>/dev/null || echo unknown)
+gpus=$(nvidia-smi -L | wc -l)
 sm() { timeout -s INT $((deadline - SECONDS)) python3 -m snakemake --configfile config/gpu.yaml \
-  --config host=cuda-h200 --cores 16 --rerun-incomplete --keep-going "$@"; }
-{ nvidia-smi; python3 -m pip list 2>/dev/null; } >logs-gpu-env.txt 2>&1
+  --config host=cuda-h200 --cores "$(nproc)" --resources gpu="$gpus" bench_cpu=1 mps=1 \
+  --rerun-incomplete --keep-going --rerun-triggers params input code "$@"; }
+mkdir -p logs && { nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE; python3 -m pip list; } \
+  >logs/gpu-env.txt 2>&1
+# The sweep jobs finished in the earlier session are kept (their models are re-made identically).
+ref=results/reference/cuda-h200
+if [ ! -e results/cuda-h200/.restored ] && [ -d $ref/raw/cuda/sweep ]; then
+  for e in sweep ablation; do
+    mkdir -p results/cuda-h200/cuda benchmarks/cuda-h200/cuda
+    cp -r $ref/raw/cuda/$e results/cuda-h200/cuda/; cp -r $ref/benchmarks/cuda/$e benchmarks/cuda-h200/cuda/
+  done
+  touch results/cuda-h200/.restored
+fi
 models=$(python3 -c "import yaml; print(' '.join('results/models/'+m for m in yaml.safe_load(open('config/gpu.yaml'))['models']))")
-sm $models 2>&1 | grep -v "^\s*$" | tail -n 40        # models first: nothing is timed beside them
-sm results/cuda-h200/runs.parquet 2>&1 | tail -n 40    # then the sweeps alone on the GPU
-sm --omit-from paper 2>&1 | tail -n 60                 # then speculative, verification, stats
-mkdir -p logs; mv logs-gpu-env.txt logs/gpu-env.txt
+h=results/cuda-h200
+sm $models 2>&1 | grep -v "^\s*$" | tail -n 30        # models first: nothing is timed beside them
+# The trained pair's jobs next, all on this machine (a pair trained again would differ).
+sm $h/speculative/{cuda-cuda,cpu-cuda}/rep{0,1}.parquet $h/cuda/parallelism/target/rep{0,1}.parquet \
+  $h/verification/real_cuda-cuda.json 2>&1 | tail -n 30
+sm $h/runs.parquet 2>&1 | tail -n 30                  # the sweeps
+sm --omit-from paper 2>&1 | tail -n 40                # statistics and figures
 tar czf "$OUT/h200.tgz" results/cuda-h200 logs benchmarks results/models/*/decodelab.json \
   results/models/*/config.json 2>/dev/null
 ls -la "$OUT"; echo "left: $((deadline - SECONDS)) s"
