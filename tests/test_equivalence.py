@@ -163,6 +163,43 @@ def test_two_sample_test_without_an_other_bin():
     a, b = [0, 1, 2] * 20, [2, 1, 0] * 20
     out = eq.two_sample_test(a, b, top=200)
     assert out["dof"] == 2 and out["p_value"] == pytest.approx(1)
+    assert out["p_asymptotic"] == pytest.approx(1)
+
+
+def sticky_sequences(law, n_seq, budget, stay, rng):
+    """Sequences that mostly repeat their previous token (a peaked model copying itself): every
+    token's marginal law is `law`, but tokens of one sequence are strongly dependent."""
+    out = np.empty((n_seq, budget), dtype=int)
+    out[:, 0] = rng.choice(len(law), n_seq, p=law)
+    for t in range(1, budget):
+        fresh = rng.choice(len(law), n_seq, p=law)
+        out[:, t] = np.where(rng.random(n_seq) < stay, out[:, t - 1], fresh)
+    return out.ravel().tolist()
+
+
+def test_sequence_permutations_calibrate_the_chi_square_on_dependent_tokens():
+    """Two samples of the same sticky process: the token-level chi-square law rejects far more
+    often than alpha, the sequence-permutation p-value about alpha; a different law is still
+    rejected (the negative control)."""
+    law = zipf(50)
+    other = zipf(50, s=1.6)
+    token_level, permuted, control = [], [], []
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        a, b, c = (sticky_sequences(w, 144, 64, 0.9, rng) for w in (law, law, other))
+        same = eq.two_sample_test(a, b, top=40, budget=64, permutations=499, seed=seed)
+        token_level.append(same["p_asymptotic"] < 0.05)
+        permuted.append(same["p_value"] < 0.05)
+        control.append(eq.two_sample_test(a, c, top=40, budget=64, permutations=499,
+                                          seed=seed)["p_value"] < 0.05)
+    assert np.mean(token_level) > 0.5
+    assert np.mean(permuted) <= 0.15
+    assert np.mean(control) >= 0.9
+
+
+def test_two_sample_test_needs_whole_sequences_of_equal_samples():
+    with pytest.raises(ValueError, match="whole sequences"):
+        eq.two_sample_test([1, 2, 3], [1, 2, 3], budget=2)
 
 
 # --- power ----------------------------------------------------------------------------------

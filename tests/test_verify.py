@@ -1,6 +1,9 @@
 """The verification stage's runner: every level emits rows for the right and the wrong rules,
 and each wrong rule is rejected where the level has the power to."""
 
+import pytest
+
+from decodelab import equivalence as eq
 from decodelab import verify
 
 SPEC = {"k": 2, "alpha": 0.01, "seeds": 3, "seed": 5,
@@ -41,3 +44,11 @@ def test_real_level_reports_both_tests_greedy_and_power(tiny_pair):
     assert {t["sampler"] for t in report["tokens"]} == {"correct", "accept_all",
                                                         "resample_from_p"}
     assert len(report["power"]) == 2 * 3
+    assert all(0 <= r["p_asymptotic"] <= 1 for r in chi)
+    # the samples the tests saw are in the report, and rebuild the chi-square table
+    samples = report["samples"]
+    assert set(samples) == {"autoregressive", "correct", "accept_all", "resample_from_p"}
+    assert all(len(t) >= SPEC["real"]["tokens"] for t in samples.values())
+    again = eq.two_sample_test(samples["autoregressive"], samples["correct"],
+                               SPEC["real"]["top"], SPEC["real"]["budget"])
+    assert again["chi2"] == pytest.approx(chi[0]["statistic"])

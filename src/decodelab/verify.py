@@ -7,6 +7,7 @@ power tables repeat the statistical checks over seeds.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -64,11 +65,13 @@ def monte_carlo_levels(spec: dict) -> dict:
     }
 
 
-def real_levels(spec: dict, target, draft, prompts, n_tokens: int) -> dict:
+def real_levels(spec: dict, target, draft, prompts, n_tokens: int) -> tuple[dict, Callable]:
+    """Both level-3 tests by check name, and the (method, seed) -> tokens sampler they share."""
     real = spec["real"]
     levels = eq.real_model_levels(target, draft, prompts, n_tokens, spec["k"], real["budget"],
                                   real["top"])
-    return {"two-sample chi-square": levels["chi2"], "log-ratio t-test": levels["log_ratio"]}
+    return ({"two-sample chi-square": levels["chi2"], "log-ratio t-test": levels["log_ratio"]},
+            levels["tokens"])
 
 
 def power_rows(levels: dict, spec: dict, level: int, n: int, pair: str = "") -> tuple[list, list]:
@@ -131,23 +134,26 @@ def run_real(spec: dict, pair_name: str, pair: dict, target_dir: str, draft_dir:
     target, draft = load_models(target_dir, draft_dir, pair["target_device"],
                                 pair["draft_device"], pair["dtype"])
     prompts = heldout_prompts(target_dir, real["prompts"], 32, seed)
-    full = real_levels(spec, target, draft, prompts, real["tokens"])
+    full, samples = real_levels(spec, target, draft, prompts, real["tokens"])
     results, tokens = [], []
     for sampler in eq.SAMPLERS:
         chi = full["two-sample chi-square"](sampler, 0)
-        results.append(row(3, "two-sample chi-square", sampler, chi["chi2"], real["tokens"],
-                           spec["alpha"], chi["p_value"], chi["dof"], pair_name))
+        results.append({**row(3, "two-sample chi-square", sampler, chi["chi2"], real["tokens"],
+                              spec["alpha"], chi["p_value"], chi["dof"], pair_name),
+                        "p_asymptotic": chi["p_asymptotic"]})
         tokens += token_rows(chi, pair_name, sampler)
         lr = full["log-ratio t-test"](sampler, 0)
         results.append(row(3, "log-ratio t-test", sampler, lr["t"], real["tokens"],
                            spec["alpha"], lr["p_value"], None, pair_name))
     greedy_prompts = heldout_prompts(target_dir, real["greedy_prompts"], 32, seed + 1)
     greedy = eq.greedy_agreement(target, draft, greedy_prompts, real["budget"], spec["k"])
-    small = real_levels(spec, target, draft, prompts, real["power_tokens"])
+    small, _ = real_levels(spec, target, draft, prompts, real["power_tokens"])
     power, pvalues = power_rows(small, spec, 3, real["power_tokens"], pair_name)
     margins = [d["margin"] for d in greedy["divergences"]]
     return {"level": 3, "pair": pair_name, "results": results, "power": power,
             "pvalues": pvalues, "tokens": tokens,
+            # the full-size samples themselves, so any test can be recomputed from the report
+            "samples": {m: list(samples(m, 0)) for m in eq.METHODS},
             "greedy": [{"pair": pair_name, "prompts": len(greedy_prompts),
                         "fraction_equal": greedy["fraction_equal"],
                         "divergences": len(margins),
