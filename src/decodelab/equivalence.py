@@ -36,6 +36,7 @@ from .speculative import Sampling, device_of, generate
 
 TOL = 1e-9  # level 1: the closed forms must equal p to this, in float64
 MIN_EXPECTED = 5.0  # chi-square bins are pooled until each expects at least this many
+PERMUTATIONS = 1999  # sequence swaps behind the level-3 chi-square's p-value
 
 Rule = Callable[..., tuple[int, int]]
 Model = Callable[[tuple[int, ...]], torch.Tensor]  # toy AR model: prefix -> float64 [V] law
@@ -449,7 +450,7 @@ def permuted_statistics(table: np.ndarray, swap: np.ndarray, permutations: int, 
 
 
 def two_sample_test(a: Sequence[int], b: Sequence[int], top: int = 200, budget: int = 1,
-                    permutations: int = 1999, seed: int = 0) -> dict:
+                    permutations: int = PERMUTATIONS, seed: int = 0) -> dict:
     """Pearson's chi-square of the `contingency` table, dof = top (fewer when fewer tokens occur).
 
     Its p-value comes from swapping whole sequences: a and b are runs of `budget`-token

@@ -1087,7 +1087,7 @@ CHECKS = (                # macro fragment, level, what a check's name must cont
 TEST_LABELS = {"Chi": "two-sample chi-square", "LogRatio": "log-ratio $t$-test"}
 # What the text quotes of each check (the tables show the rest): every rule's p-value and the
 # correct rule's other fields; power as rejections over seeds for levels 2 and 3.
-QUOTED = {"McSingle": ("P",), "McBlock": ("P",), "Chi": ("Stat", "Dof", "P", "N"),
+QUOTED = {"McSingle": ("P",), "McBlock": ("P",), "Chi": ("Stat", "Dof", "P", "PAsym", "Perm", "N"),
           "LogRatio": ("Stat", "P")}
 POWER_QUOTED = ("McBlock", "McSingle", "Chi", "LogRatio")
 P_FLOOR = 1e-300          # a p-value that underflowed to 0 prints as "< this"
@@ -1212,7 +1212,7 @@ def check_macros(t: dict[str, pd.DataFrame], pair: str | None) -> dict[str, str]
             if level == 1:
                 stat = sci(g["statistic"].max()) if len(g) else NONE
                 n = integer(g["n"].sum()) if len(g) else NONE
-                dof = p = NONE
+                dof = p = p_asym = perm = NONE
             else:
                 row = g.iloc[0] if len(g) else None
                 stat = (sig(row["statistic"]).replace(",", "{,}") if row is not None
@@ -1220,7 +1220,11 @@ def check_macros(t: dict[str, pd.DataFrame], pair: str | None) -> dict[str, str]
                 dof = integer(row["dof"]) if row is not None and finite(row["dof"]) else NONE
                 p = pval(row["p_value"]) if row is not None else NONE
                 n = integer(row["n"]) if row is not None else NONE
-            values = {"Stat": stat, "Dof": dof, "P": p, "N": n}
+                asym, perm = (row.get(c) if row is not None else None
+                              for c in ("p_asymptotic", "permutations"))
+                p_asym = pval(asym) if asym is not None and finite(asym) else NONE
+                perm = integer(perm) if perm is not None and finite(perm) else NONE
+            values = {"Stat": stat, "Dof": dof, "P": p, "PAsym": p_asym, "Perm": perm, "N": n}
             for field in QUOTED.get(fragment, ()):
                 if field == "P" or sampler == "correct":
                     macros[f"Ver{fragment}{field}{name}"] = values[field]

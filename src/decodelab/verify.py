@@ -140,7 +140,7 @@ def run_real(spec: dict, pair_name: str, pair: dict, target_dir: str, draft_dir:
         chi = full["two-sample chi-square"](sampler, 0)
         results.append({**row(3, "two-sample chi-square", sampler, chi["chi2"], real["tokens"],
                               spec["alpha"], chi["p_value"], chi["dof"], pair_name),
-                        "p_asymptotic": chi["p_asymptotic"]})
+                        "p_asymptotic": chi["p_asymptotic"], "permutations": chi["permutations"]})
         tokens += token_rows(chi, pair_name, sampler)
         lr = full["log-ratio t-test"](sampler, 0)
         results.append(row(3, "log-ratio t-test", sampler, lr["t"], real["tokens"],

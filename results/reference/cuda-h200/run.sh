@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 reference run: the Snakemake DAG of config/gpu.yaml up to the per-host statistics and
 # figures (no TeX there), resumable across calls on the same machine, one GPU job per GPU
-# (`--resources gpu=N`, decodelab takes a free device in each job). Usage: run.sh SECONDS
+# (`--resources gpu=N`, decodelab takes a free device in each job). Usage: run.sh SECONDS [pair]
+# With `pair`, only the trained pair's jobs (speculative, parallelism, verification).
 set -uo pipefail
 deadline=$((SECONDS + ${1:-560}))
 [ -d /tmp/site/snakemake ] || python3 -m pip install -q --no-index --no-deps --no-compile \
@@ -11,28 +12,22 @@ chmod +x /tmp/bin/decodelab
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/bin:$PATH PYTHONUNBUFFERED=1
 export DECODELAB_GIT_COMMIT=$(cat .gpu/commit 2>/dev/null || echo unknown)
 gpus=$(nvidia-smi -L | wc -l)
-sm() { timeout -s INT $((deadline - SECONDS)) python3 -m snakemake --configfile config/gpu.yaml \
+sm() { timeout -s INT $((deadline - SECONDS)) python3 -m snakemake "$@" --configfile config/gpu.yaml \
   --config host=cuda-h200 --cores "$(nproc)" --resources gpu="$gpus" bench_cpu=1 mps=1 \
-  --rerun-incomplete --keep-going --rerun-triggers params input code "$@"; }
+  --rerun-incomplete --keep-going --rerun-triggers params input code; }
 mkdir -p logs && { nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE; python3 -m pip list; } \
   >logs/gpu-env.txt 2>&1
-# The sweep jobs finished in the earlier session are kept (their models are re-made identically).
-ref=results/reference/cuda-h200
-if [ ! -e results/cuda-h200/.restored ] && [ -d $ref/raw/cuda/sweep ]; then
-  for e in sweep ablation; do
-    mkdir -p results/cuda-h200/cuda benchmarks/cuda-h200/cuda
-    cp -r $ref/raw/cuda/$e results/cuda-h200/cuda/; cp -r $ref/benchmarks/cuda/$e benchmarks/cuda-h200/cuda/
-  done
-  touch results/cuda-h200/.restored
-fi
 models=$(python3 -c "import yaml; print(' '.join('results/models/'+m for m in yaml.safe_load(open('config/gpu.yaml'))['models']))")
+[ "${2:-}" = pair ] && models="results/models/target results/models/draft"
 h=results/cuda-h200
 sm $models 2>&1 | grep -v "^\s*$" | tail -n 30        # models first: nothing is timed beside them
 # The trained pair's jobs next, all on this machine (a pair trained again would differ).
 sm $h/speculative/{cuda-cuda,cpu-cuda}/rep{0,1}.parquet $h/cuda/parallelism/target/rep{0,1}.parquet \
   $h/verification/real_cuda-cuda.json 2>&1 | tail -n 30
-sm $h/runs.parquet 2>&1 | tail -n 30                  # the sweeps
-sm --omit-from paper 2>&1 | tail -n 40                # statistics and figures
+if [ "${2:-}" != pair ]; then
+  sm $h/runs.parquet 2>&1 | tail -n 30                # the sweeps
+  sm --omit-from paper 2>&1 | tail -n 40              # statistics and figures
+fi
 tar czf "$OUT/h200.tgz" results/cuda-h200 logs benchmarks results/models/*/decodelab.json \
   results/models/*/config.json 2>/dev/null
 ls -la "$OUT"; echo "left: $((deadline - SECONDS)) s"
