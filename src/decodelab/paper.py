@@ -1087,8 +1087,8 @@ CHECKS = (                # macro fragment, level, what a check's name must cont
 TEST_LABELS = {"Chi": "two-sample chi-square", "LogRatio": "log-ratio $t$-test"}
 # What the text quotes of each check (the tables show the rest): every rule's p-value and the
 # correct rule's other fields; power as rejections over seeds for levels 2 and 3.
-QUOTED = {"McSingle": ("P",), "McBlock": ("P",), "Chi": ("Stat", "Dof", "P", "PAsym", "Perm", "N"),
-          "LogRatio": ("Stat", "P")}
+QUOTED = {"McSingle": ("P",), "McBlock": ("P",),
+          "Chi": ("Stat", "Dof", "P", "PAsym", "Perm", "N"), "LogRatio": ("Stat", "P")}
 POWER_QUOTED = ("McBlock", "McSingle", "Chi", "LogRatio")
 P_FLOOR = 1e-300          # a p-value that underflowed to 0 prints as "< this"
 NEAR_TIE_LOGIT = 1e-2     # a greedy divergence whose top-1 minus top-2 logit margin is below

@@ -72,8 +72,8 @@ def measure(model, prompt: torch.Tensor, cfg: dict, device: str, probe=None) -> 
         "step_median_s": float(np.median(steps)),
         "step_max_s": float(np.max(steps)),
         "step_s": [float(s) for s in out.step_s],
-        # The GPU's SM clock after each step (CUDA with NVML): a step slow at a low clock is the
-        # GPU's power management, a step slow at full clock is the host.
+        # The GPU's SM clock after each step (CUDA with NVML): tells a step slowed by the GPU's
+        # power management from one slow at full clock.
         "step_sm_clock_mhz": [float(c) for c in out.probed],
         "sm_clock_median_mhz": float(np.median(clocks)),
         "sm_clock_min_mhz": float(np.min(clocks)),
