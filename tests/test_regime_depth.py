@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from decodelab import changepoints as cp
-from decodelab import memory, phases, variance
+from decodelab import memory, onsets, phases, variance
 from decodelab.regimes import detect_spikes, repeat_ratios, spike_summary
 from decodelab.stats import per_process
 
@@ -46,6 +46,7 @@ def raw_runs(seed: int = 0, repeats: int = 4, inner: int = 2, noise: float = 0.0
                         "use_cache": True, "budget": budget, "repeat": r, "inner": k,
                         "prefill_s": prefill, "decode_s": decode, "total_s": prefill + decode,
                         "decode_per_token_s": per_token,
+                        "step_s": per_token * np.exp(rng.normal(0, noise, budget - 1)),
                         "mem_cuda_peak_bytes": np.nan,
                         "mem_mps_current_bytes": 2**30 * (1 + budget / 100),
                         "mem_mps_driver_bytes": 2**30 * (2 + budget / 100),
@@ -290,11 +291,48 @@ def test_changepoint_settings_are_checked(bad, match):
 
 
 # -----------------------------------------------------------------------------
+# step-ups inside one run
+
+
+def steps_with_step_up(n: int, at: int | None, factor: float = 6.0, seed: int = 0) -> np.ndarray:
+    s = 0.005 * np.exp(np.random.default_rng(seed).normal(0, 0.05, n))
+    if at is not None:
+        s[at:] *= factor
+    return s
+
+
+def test_onset_finds_a_sustained_step_up_and_nothing_in_a_flat_or_noisy_run():
+    assert onsets.onset(steps_with_step_up(200, 63), 2.5, 8, 8) == 63
+    assert onsets.onset(steps_with_step_up(200, 7), 2.5, 8, 8) == 7  # begins inside the baseline
+    assert onsets.onset(steps_with_step_up(200, None), 2.5, 8, 8) == -1
+    spiky = steps_with_step_up(200, None)
+    spiky[[20, 40, 41, 42, 90]] *= 10  # isolated slow steps are not a regime
+    assert onsets.onset(spiky, 2.5, 8, 8) == -1
+    assert onsets.onset(steps_with_step_up(12, 9), 2.5, 8, 8) == -1  # too short to tell
+    assert onsets.onset(steps_with_step_up(200, 100, factor=2.0), 2.5, 8, 8) == -1
+
+
+def test_find_onsets_tests_cache_on_runs_long_enough_only():
+    rows = [{"experiment": "sweep", "backend": "cuda", "model": "m", "family": "gpt2",
+             "dtype": "float16", "prompt_len": 32, "budget": n, "repeat": 0, "inner": 0,
+             "use_cache": cache, "step_s": steps_with_step_up(n - 1, at)}
+            for n, cache, at in [(128, True, 31), (128, True, None), (128, False, 31),
+                                 (8, True, None)]]
+    out = onsets.find_onsets(pd.DataFrame(rows), 2.5, 8, 8)
+    assert list(out["onset"]) == [31, -1]
+    assert out["step_up"].iloc[0] == pytest.approx(6.0, rel=0.1)
+    assert out["step_up"].isna().iloc[1]
+    with pytest.raises(ValueError, match="factor"):
+        onsets.find_onsets(pd.DataFrame(rows), 1.0, 8, 8)
+
+
+# -----------------------------------------------------------------------------
 # the verb, the figures and the paper's macros, end to end on synthetic runs
 
 DEPTH_SPEC = {"window": 2, "threshold": 1.5, "consistency": 1.0, "alpha": 0.05,
               "changepoints": {"model": "linear", "penalty": 6.0, "min_size": 3,
-                               "noise_floor": 0.01}}
+                               "noise_floor": 0.01},
+              "onsets": {"factor": 2.5, "baseline": 8, "run": 8}}
 
 
 def run_verb(tmp_path, runs: pd.DataFrame, spec: dict = DEPTH_SPEC) -> tuple[int, object]:
@@ -325,7 +363,7 @@ def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
     rc, stats_dir = run_verb(tmp_path, mixed_runs())
     assert rc == 0
     for name in ("summary", "phases", "variance", "variance_summary", "memory", "changepoints",
-                 "changepoint_curves", "agreement", "kv_collapse"):
+                 "changepoint_curves", "agreement", "kv_collapse", "onsets"):
         assert (stats_dir / f"regime_{name}.csv").exists(), name
     phases_table = pd.read_csv(stats_dir / "regime_phases.csv")
     pooled = phases_table[phases_table["scope"] == "backend"].set_index("backend")
@@ -359,6 +397,9 @@ def test_verb_rejects_bad_input_with_a_message(tmp_path, capsys):
     rc, _ = run_verb(tmp_path, raw_runs(0), {**DEPTH_SPEC, "changepoints": {
         **DEPTH_SPEC["changepoints"], "min_size": 2}})
     assert rc == 2 and "regimes.changepoints" in capsys.readouterr().err
+    rc, _ = run_verb(tmp_path, raw_runs(0), {**DEPTH_SPEC, "onsets": {
+        **DEPTH_SPEC["onsets"], "factor": 0.5}})
+    assert rc == 2 and "regimes.onsets" in capsys.readouterr().err
     runs = raw_runs(0).drop(columns=["prefill_s"])
     runs.to_parquet(tmp_path / "bad.parquet")
     from decodelab import cli
@@ -367,6 +408,22 @@ def test_verb_rejects_bad_input_with_a_message(tmp_path, capsys):
                    str(tmp_path / "stats" / "regimes.csv"), "--spec", "{}", "--out",
                    str(tmp_path)])
     assert rc == 2 and "prefill_s" in capsys.readouterr().err
+
+
+def test_step_ups_reach_the_papers_macros(tmp_path):
+    from decodelab import paper
+
+    runs = raw_runs(0)
+    longest = runs["budget"] == runs["budget"].max()
+    runs.loc[longest, "step_s"] = runs.loc[longest, "step_s"].map(
+        lambda s: np.concatenate([s[:31], 5 * s[31:]]))
+    rc, stats_dir = run_verb(tmp_path, runs)
+    assert rc == 0
+    t = paper.read_regime_depth(stats_dir, paper.REGIME_DEPTH)
+    macros, flags = paper.regime_depth_macros(t, {"regimes": DEPTH_SPEC})
+    assert flags["AnyOnsets"] and macros["OnsetSteps"] == "31"
+    assert macros["OnsetRuns"] == str(int(longest.sum()))
+    assert "MPS" in macros["OnsetWhere"]
 
 
 @pytest.mark.skipif(__import__("shutil").which("latexmk") is None, reason="latexmk not on PATH")

@@ -94,7 +94,7 @@ def regimes(args):
 
 
 def regime_depth(args):
-    from . import changepoints, collapse, memory, phases, variance
+    from . import changepoints, collapse, memory, onsets, phases, variance
     from . import regimes as rg
     from .io import read_table, write_table
     from .stats import GRID, METRICS
@@ -117,6 +117,11 @@ def regime_depth(args):
             proc, table, cp["model"], cp["penalty"], cp["min_size"], cp["noise_floor"])
     except ValueError as err:
         raise DecodelabError(f"regimes.changepoints: {err}") from err
+    steps = spec["onsets"]
+    try:
+        step_ups = onsets.find_onsets(runs, steps["factor"], steps["baseline"], steps["run"])
+    except ValueError as err:
+        raise DecodelabError(f"regimes.onsets: {err}") from err
     var = variance.decompose(runs)
     out = Path(args.out)
     write_table(rg.spike_summary(table), out / "regime_summary.csv")
@@ -130,6 +135,7 @@ def regime_depth(args):
     write_table(changepoints.agreement(points), out / "regime_agreement.csv")
     write_table(collapse.kv_collapse(proc, table, window, threshold, spec["alpha"]),
                 out / "regime_kv_collapse.csv")
+    write_table(step_ups, out / "regime_onsets.csv")
 
 
 def figures(args):

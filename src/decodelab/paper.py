@@ -1439,7 +1439,7 @@ def power_table(t: dict[str, pd.DataFrame] | None) -> str:
 # processes, memory correlation, change points
 
 REGIME_DEPTH = ("summary", "phases", "variance", "variance_summary", "memory",
-                "changepoint_curves", "agreement", "kv_collapse")
+                "changepoint_curves", "agreement", "kv_collapse", "onsets")
 MEMORY_NAMES = {"mem_cuda_peak_bytes": "CUDA allocator peak",
                 "mem_mps_current_bytes": "MPS allocator (current)",
                 "mem_mps_driver_bytes": "MPS driver", "rss_bytes": "process RSS"}
@@ -1559,6 +1559,26 @@ def changepoint_depth_macros(curves: pd.DataFrame, agreement: pd.DataFrame,
     return macros, {"AnyChangePoints": bool(len(curves) and curves["changepoints"].sum() > 0)}
 
 
+def onset_depth_macros(onsets: pd.DataFrame,
+                       settings: dict) -> tuple[dict[str, str], dict[str, bool]]:
+    """Step-ups inside cache-on runs: how many, from which steps, where."""
+    cfg = settings.get("regimes", {}).get("onsets", {})
+    up = onsets[onsets["onset"] >= 0] if len(onsets) else onsets
+    where = (up.groupby(["backend", "family"]).size().reset_index(name="n")
+             if len(up) else pd.DataFrame())
+    macros = {
+        "OnsetFactor": plain(cfg.get("factor")), "OnsetBaseline": str(cfg.get("baseline", NONE)),
+        "OnsetRun": str(cfg.get("run", NONE)), "OnsetTested": integer(len(onsets)),
+        "OnsetRuns": integer(len(up)),
+        "OnsetSteps": human_list([str(int(x)) for x in sorted(up["onset"].unique())],
+                                 empty=NONE) if len(up) else NONE,
+        "OnsetWhere": human_list([f"{label(r['backend'])} {family_label(r['family'])} ({r['n']})"
+                                  for _, r in where.iterrows()], empty=NONE),
+        "OnsetStepUp": sig(up["step_up"].median()) if len(up) else NONE,
+    }
+    return macros, {"AnyOnsets": bool(len(up))}
+
+
 def collapse_depth_macros(kvc: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
     spikes = kvc[kvc["scope"] == "spike"]
     pooled = kvc[kvc["scope"] == "backend"]
@@ -1587,7 +1607,8 @@ DEPTH_MACROS = (
     "MemBestP", "MemBestConfigs", "MemBestRhoGivenBudget", "MemBestPGivenBudget",
     "MemNumSignificant", "MemNumTested", "MemNotApplicable", "ChgModel", "ChgPenalty",
     "ChgMinSize", "ChgNoiseFloor", "ChgNumCurves", "ChgNumChangePoints", "ChgNumCurvesWith",
-    "ChgNumSpikes", "ChgNumCoinciding", "ChgNumAtSpikes",
+    "ChgNumSpikes", "ChgNumCoinciding", "ChgNumAtSpikes", "OnsetFactor", "OnsetBaseline",
+    "OnsetRun", "OnsetTested", "OnsetRuns", "OnsetSteps", "OnsetWhere", "OnsetStepUp",
 )
 
 
@@ -1595,7 +1616,8 @@ def regime_depth_macros(t: dict[str, pd.DataFrame] | None,
                         settings: dict) -> tuple[dict[str, str], dict[str, bool]]:
     """Macros of the regimes-in-depth subsection; '--' and false flags when the rule has not run."""
     flags = {"RegimeDepthReady": t is not None, "PhaseTestApplies": False,
-             "MemoryApplies": False, "AnyChangePoints": False, "KvCollapseApplies": False}
+             "MemoryApplies": False, "AnyChangePoints": False, "KvCollapseApplies": False,
+             "AnyOnsets": False}
     if t is None:
         return {name: NONE for name in DEPTH_MACROS}, flags
     phase_m, phase_f = phase_depth_macros(t["phases"])
@@ -1603,9 +1625,10 @@ def regime_depth_macros(t: dict[str, pd.DataFrame] | None,
                                        float(settings.get("regimes", {}).get("alpha", 0.05)))
     chg_m, chg_f = changepoint_depth_macros(t["changepoint_curves"], t["agreement"], settings)
     kvc_m, kvc_f = collapse_depth_macros(t["kv_collapse"])
+    ons_m, ons_f = onset_depth_macros(t["onsets"], settings)
     macros = {**phase_m, **variance_depth_macros(t["variance"], t["variance_summary"]),
-              **mem_m, **chg_m, **kvc_m}
-    return macros, {**flags, **phase_f, **mem_f, **chg_f, **kvc_f}
+              **mem_m, **chg_m, **kvc_m, **ons_m}
+    return macros, {**flags, **phase_f, **mem_f, **chg_f, **kvc_f, **ons_f}
 
 
 def phase_cell(spikes: pd.DataFrame) -> str:

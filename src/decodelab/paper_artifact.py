@@ -51,14 +51,15 @@ def quantity_value(quantity: str, value) -> str:
         return sig(float(value) * 1e3)
     if quantity == "acceptance":
         return sig(100 * float(value)) + r"\%"
-    if quantity == "spikes":
+    if quantity in ("spikes", "step_ups"):
         return f"{float(value):g}"
     return sig(value)
 
 
 QUANTITY_LABELS = {"decode_s": "decode (ms)", "kv_speedup": r"KV speedup",
                    "spikes": "spikes flagged", "max_ratio": "max ratio to trend", "spec_speedup":
-                   "best spec.\\ speedup", "acceptance": "acceptance", "chi2": r"$\chi^2$"}
+                   "best spec.\\ speedup", "acceptance": "acceptance", "chi2": r"$\chi^2$",
+                   "step_ups": "runs stepping up"}
 
 
 def ratio_cell(r) -> str:

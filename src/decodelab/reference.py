@@ -36,7 +36,8 @@ COLUMNS = ["reference", *KEYS, "local", "reference_value", "ratio", "status",
 QUANTITIES = {"decode_s": "median decode latency (s)", "kv_speedup": "KV-cache speedup",
               "spikes": "spikes flagged", "max_ratio": "largest ratio to the local trend",
               "spec_speedup": "best speculative speedup", "acceptance": "acceptance",
-              "chi2": "two-sample chi-square (correct rule)"}
+              "chi2": "two-sample chi-square (correct rule)",
+              "step_ups": "cache-on runs stepping up mid-decode"}
 
 
 def read(stats_dir: Path, name: str) -> pd.DataFrame:
@@ -91,6 +92,11 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
             spikes=("spike", lambda s: int(as_bool(s).sum())), max_ratio=("ratio_median", "max"))
         verdict = verdict.reset_index()
         parts += [frame(verdict[SWEEP_KEYS[:-1] + [q]], q, q) for q in ("spikes", "max_ratio")]
+    onsets = read(stats_dir, "regime_onsets")
+    if len(onsets):
+        on = onsets[onsets["experiment"] == "sweep"]
+        ups = on.assign(step_ups=on["onset"] >= 0).groupby(SWEEP_KEYS[:-1])["step_ups"].sum()
+        parts.append(frame(ups.reset_index(), "step_ups", "step_ups"))
     speedup = read(stats_dir, "speculative_speedup")
     if len(speedup):
         best = speedup.loc[speedup.groupby(["pair", "mode"])["speedup"].idxmax()]

@@ -136,7 +136,7 @@ def as_arg(obj):
 
 REGIME_RULE_KEYS = ("window", "threshold", "consistency", "alpha")
 REGIME_DEPTH_TABLES = ["summary", "phases", "variance", "variance_summary", "memory",
-                       "changepoints", "changepoint_curves", "agreement", "kv_collapse"]
+                       "changepoints", "changepoint_curves", "agreement", "kv_collapse", "onsets"]
 
 
 def regime_rule_spec():
