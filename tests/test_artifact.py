@@ -22,7 +22,7 @@ from test_figures_paper import (
     write_verification_stats,
 )
 
-from decodelab import benchmarks, hosts, paper, reference
+from decodelab import benchmarks, hosts, paper, paper_artifact, reference
 from decodelab.errors import DecodelabError
 
 
@@ -230,6 +230,24 @@ def test_comparison_counts_spikes_on_the_rules_metric_only(tmp_path):
     gpt2 = table[table["model"] == "gpt2-tiny"].set_index("quantity")
     assert gpt2.loc["spikes", "reference_value"] == 1 and gpt2.loc["spikes", "local"] == 0
     assert gpt2.loc["max_ratio", "reference_value"] == 3.5
+
+
+def test_a_cuda_references_step_ups_reach_the_comparison_and_the_macros(tmp_path):
+    local = host_dir(tmp_path / "local")
+    ref = host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",),
+                   pairs=("cuda-cuda",))
+    keys = {"backend": "cuda", "family": "gpt2", "dtype": "float32", "prompt_len": 8,
+            "repeat": 0, "inner": 0, "steps": 63}
+    pd.DataFrame([{**keys, "experiment": exp, "model": "gpt2-tiny", "budget": 64,
+                   "onset": onset, "step_up": 5.0 if onset >= 0 else float("nan")}
+                  for exp, onset in [("sweep", 31), ("sweep", -1), ("sweep", 15),
+                                     ("ablation", 7)]]
+                 ).to_csv(ref / "stats" / "regime_onsets.csv", index=False)
+    table = reference.compare(local / "stats", reference.reference_dirs(tmp_path / "reference"))
+    ups = table[table["quantity"] == "step_ups"]
+    assert list(ups["reference_value"]) == [2]  # sweep runs only
+    macros = paper_artifact.cuda_reference_macros(table)
+    assert macros["RefCudaStepUps"] == "2"
 
 
 def test_comparison_without_references_is_empty(tmp_path):

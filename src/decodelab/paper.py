@@ -1195,39 +1195,30 @@ def verification_settings_macros(settings: dict) -> dict[str, str]:
     }
 
 
+def cell(row, column: str, fmt) -> str:
+    """fmt(row[column]), or the placeholder where the row lacks it or it is not finite."""
+    return fmt(row[column]) if column in row and finite(row[column]) else NONE
+
+
 def check_macros(t: dict[str, pd.DataFrame], pair: str | None) -> dict[str, str]:
-    """Ver<Check><Field><Sampler> for the fields the text quotes (QUOTED): every rule's p-value,
-    the correct rule's statistic, dof and size; level 1 would take the max error over its rows,
-    the others take the row of `pair`."""
+    """Ver<Check><Field><Sampler> for the fields the text quotes (QUOTED, levels 2 and 3):
+    every rule's p-value, the correct rule's other fields, from the row of `pair`."""
     macros = {}
     samplers = SAMPLER_ORDER + tuple(s for s in ordered_samplers(t["levels"])
                                      if s not in SAMPLER_ORDER)
-    for fragment, level, _ in CHECKS:
-        if fragment not in QUOTED:
-            continue
+    for fragment, fields in QUOTED.items():
         rows = on_pair(t["levels"], fragment, pair)
         for sampler in samplers:
             g = rows[rows["sampler"] == sampler] if len(rows) else rows
-            name = sampler_name(sampler)
-            if level == 1:
-                stat = sci(g["statistic"].max()) if len(g) else NONE
-                n = integer(g["n"].sum()) if len(g) else NONE
-                dof = p = p_asym = perm = NONE
-            else:
-                row = g.iloc[0] if len(g) else None
-                stat = (sig(row["statistic"]).replace(",", "{,}") if row is not None
-                        else NONE)  # {,}: the value is also quoted in math mode
-                dof = integer(row["dof"]) if row is not None and finite(row["dof"]) else NONE
-                p = pval(row["p_value"]) if row is not None else NONE
-                n = integer(row["n"]) if row is not None else NONE
-                asym, perm = (row.get(c) if row is not None else None
-                              for c in ("p_asymptotic", "permutations"))
-                p_asym = pval(asym) if asym is not None and finite(asym) else NONE
-                perm = integer(perm) if perm is not None and finite(perm) else NONE
-            values = {"Stat": stat, "Dof": dof, "P": p, "PAsym": p_asym, "Perm": perm, "N": n}
-            for field in QUOTED.get(fragment, ()):
+            row = g.iloc[0] if len(g) else {}
+            values = {"Stat": cell(row, "statistic", lambda x: sig(x).replace(",", "{,}")),
+                      "Dof": cell(row, "dof", integer), "P": cell(row, "p_value", pval),
+                      "PAsym": cell(row, "p_asymptotic", pval),
+                      "Perm": cell(row, "permutations", integer),
+                      "N": cell(row, "n", integer)}  # {,}: a statistic is also in math mode
+            for field in fields:
                 if field == "P" or sampler == "correct":
-                    macros[f"Ver{fragment}{field}{name}"] = values[field]
+                    macros[f"Ver{fragment}{field}{sampler_name(sampler)}"] = values[field]
     return macros
 
 

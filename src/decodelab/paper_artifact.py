@@ -129,9 +129,11 @@ def cuda_reference_macros(comparison: pd.DataFrame) -> dict[str, str]:
     spikes = rows[rows["quantity"] == "spikes"]["reference_value"] if len(rows) else rows
     ratios = rows[rows["quantity"] == "max_ratio"]["reference_value"] if len(rows) else rows
     configs = rows[rows["quantity"] == "decode_s"] if len(rows) else rows
+    step_ups = rows[rows["quantity"] == "step_ups"]["reference_value"] if len(rows) else rows
     return {"RefCudaNames": human_list([tt(n) for n in dict.fromkeys(rows["reference"])])
             if len(rows) else NONE,
             "RefCudaSpikes": integer(spikes.sum()) if len(spikes) else NONE,
+            "RefCudaStepUps": integer(step_ups.sum()) if len(step_ups) else NONE,
             "RefCudaConfigs": integer(len(configs)) if len(configs) else NONE,
             "RefCudaMaxRatio": sig(ratios.max()) if len(ratios) else NONE}
 

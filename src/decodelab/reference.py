@@ -8,6 +8,8 @@ Each side is reduced to key numbers, one row per quantity and configuration:
     spikes          budgets the regime rule flagged on total latency (cache-on sweep) per
                     backend, model, dtype
     max_ratio       the largest ratio to the local trend there
+    step_ups        cache-on sweep runs that step up part-way through (`onsets`) per backend,
+                    model, dtype
     spec_speedup    best speculative speedup over K per pair and mode (each side at its own K)
     acceptance      acceptance per pair, mode and K
     chi2            the level-3 two-sample chi-square of the correct rule per pair
