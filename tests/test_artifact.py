@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from test_figures_paper import (
+    REAL,
     SPEC_PEAK,
     build_paper,
     generate,
@@ -250,6 +251,37 @@ def test_a_cuda_references_step_ups_reach_the_comparison_and_the_macros(tmp_path
     assert macros["RefCudaStepUps"] == "2"
 
 
+def test_a_cuda_references_speculative_and_verification_results_reach_the_macros(tmp_path):
+    local = host_dir(tmp_path / "local")
+    host_dir(tmp_path / "reference" / "default-cpu")
+    ref = host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",),
+                   pairs=("cuda-cuda",))
+    pd.DataFrame([{"pair": "cuda-cuda", "k": k, "ours_s": 1.0, "hf_s": ratio,
+                   "ours_over_hf": ratio} for k, ratio in ((2, 1.3), (4, 1.5))]
+                 ).to_csv(ref / "stats" / "speculative_hf.csv", index=False)
+    table = reference.compare(local / "stats", reference.reference_dirs(tmp_path / "reference"))
+    cuda = table[(table["reference"] == "cuda-h200") & (table["status"] == "only reference")]
+    chi = cuda[cuda["quantity"] == "chi2_p"].set_index("sampler")["reference_value"]
+    assert chi.to_dict() == {s: p for s, (_, p) in REAL["two-sample chi-square"][1].items()}
+    assert list(cuda[cuda["quantity"] == "parallelism"]["backend"].unique()) == ["cuda"]
+    cpu = table[table["reference"] == "default-cpu"]
+    cpu_p = cpu[cpu["quantity"].isin(reference.NO_RATIO)]
+    assert len(cpu_p) == 6 and (cpu_p["status"] == "matched").all()
+    assert cpu_p["ratio"].isna().all()  # a ratio of p-values measures nothing
+    macros = paper_artifact.cuda_reference_macros(table)
+    assert macros["RefCudaChiPAcceptAll"] == paper.pval(0.041)
+    assert macros["RefCudaLogRatioPResampleFromP"] == paper.pval(2.1e-6)
+    at_k = cuda[(cuda["quantity"] == "parallelism") & (cuda["k"] == paper_artifact.PARALLEL_K)]
+    assert macros["RefCudaParallel"] == paper.sig(at_k["reference_value"].iloc[0])
+    assert (macros["RefCudaHfMin"], macros["RefCudaHfMax"]) == ("1.30", "1.50")
+    best = cuda[cuda["quantity"] == "spec_speedup"]["reference_value"].max()
+    assert macros["RefCudaSpecBest"] == paper.sig(best)
+    _, flags = paper_artifact.reference_macros(table)
+    assert flags["RefAnyCudaSpec"] and flags["RefAnyCudaVerification"]
+    _, flags = paper_artifact.reference_macros(cpu)
+    assert not flags["RefAnyCudaSpec"] and not flags["RefAnyCudaVerification"]
+
+
 def test_comparison_without_references_is_empty(tmp_path):
     local = host_dir(tmp_path / "local")
     assert reference.reference_dirs(tmp_path / "absent") == {}
@@ -267,7 +299,7 @@ def test_reference_tex_says_what_matched_and_what_did_not(tmp_path):
     m = generate(local / "stats", tmp_path / "gen")
     assert m["NumReferences"] == "2" and m["ifRefAnyNotComparable"] == "true"
     assert m["RefNotComparable"] == r"\texttt{cuda-h200}"
-    tex = (tmp_path / "gen" / "tab_reference.tex").read_text()
+    tex = (tmp_path / "gen" / "tab_reference.tex").read_text().replace(r"\allowbreak{}", "")
     assert re.search(r"decode \(ms\) & cuda/gpt2-tiny & 10 & -- & [\d.]+ \[[\d.]+, [\d.]+\] & "
                      r"\\emph\{not comparable\}", tex)
     assert re.search(r"decode \(ms\) & cpu/gpt2-tiny & 10 & [\d.]+ & [\d.]+ & 2\.00", tex)

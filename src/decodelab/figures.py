@@ -19,6 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from .io import as_bool
+
 BACKEND_ORDER = ("cpu", "cuda", "mps")
 BACKEND_COLORS = {"cpu": "#4C72B0", "cuda": "#55A868", "mps": "#C44E52"}
 BACKEND_LABELS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
@@ -39,13 +41,6 @@ STYLE = {
 
 # -----------------------------------------------------------------------------
 # table helpers
-
-def as_bool(series: pd.Series) -> pd.Series:
-    """CSV round trips turn booleans into strings; accept both."""
-    if series.dtype == bool:
-        return series
-    return series.astype(str).str.strip().str.lower().isin(["true", "1", "yes"])
-
 
 def backend_color(backend: str) -> str:
     return BACKEND_COLORS.get(backend, "#7F7F7F")

@@ -1,4 +1,5 @@
-"""Atomic writes: a crashed job leaves no file that a rerun could mistake for a finished one."""
+"""Tables on disk. Writes are atomic: a crashed job leaves no file that a rerun could mistake for a
+finished one."""
 
 from __future__ import annotations
 
@@ -35,3 +36,10 @@ def read_table(path: str | Path) -> pd.DataFrame:
 def write_json(obj, path: str | Path) -> Path:
     text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
     return atomic(path, lambda p: p.write_text(text))
+
+
+def as_bool(series: pd.Series) -> pd.Series:
+    """CSV round trips turn booleans into strings; accept both."""
+    if series.dtype == bool:
+        return series
+    return series.astype(str).str.strip().str.lower().isin(["true", "1", "yes"])

@@ -44,7 +44,6 @@ from .figures import (
     BACKEND_ORDER,
     SAMPLER_ORDER,
     SPEC_TABLES,
-    as_bool,
     ordered_samplers,
     read_regime_depth,
     read_spec_tables,
@@ -52,7 +51,7 @@ from .figures import (
     spec_modes,
     spec_pairs,
 )
-from .io import atomic
+from .io import as_bool, atomic
 
 TABLES = ("latency", "kv_speedup", "regimes", "environment", "skipped")
 NUMERIC = ("prompt_len", "budget", "median", "ci_low", "ci_high", "n", "speedup", "value_median",

@@ -13,7 +13,18 @@ from pathlib import Path
 import pandas as pd
 
 from . import reference as rf
-from .paper import NONE, human_list, integer, sig, tabular, tex_escape, tt
+from .paper import (
+    NONE,
+    WRONG_SAMPLERS,
+    human_list,
+    integer,
+    pval,
+    sampler_name,
+    sig,
+    tabular,
+    tex_escape,
+    tt,
+)
 
 
 def text(value) -> str:
@@ -53,12 +64,16 @@ def quantity_value(quantity: str, value) -> str:
         return sig(100 * float(value)) + r"\%"
     if quantity in ("spikes", "step_ups"):
         return f"{float(value):g}"
+    if quantity in rf.NO_RATIO:
+        return pval(value)
     return sig(value)
 
 
 QUANTITY_LABELS = {"decode_s": "decode (ms)", "kv_speedup": r"KV speedup",
                    "spikes": "spikes flagged", "max_ratio": "max ratio to trend", "spec_speedup":
-                   "best spec.\\ speedup", "acceptance": "acceptance", "chi2": r"$\chi^2$",
+                   "best spec.\\ speedup", "acceptance": "acceptance",
+                   "parallelism": "verif.\\ parallelism", "hf_ratio": "speed vs.\\ HF assisted",
+                   "chi2": r"$\chi^2$", "chi2_p": r"$\chi^2$ $p$", "log_ratio_p": "log-ratio $p$",
                    "step_ups": "runs stepping up"}
 
 
@@ -68,6 +83,12 @@ def ratio_cell(r) -> str:
     return sig(r["ratio"])
 
 
+def row_head(ref: str, r: pd.Series) -> list[str]:
+    """Reference, quantity, configuration and n: the cells every compared row starts with."""
+    return [tt(ref), QUANTITY_LABELS.get(r["quantity"], tex_escape(r["quantity"])),
+            tex_escape(r["subject"], breakable=True), str(int(r["n"]))]
+
+
 def reference_rows(summary: pd.DataFrame) -> list:
     rows = []
     for ref, g in summary.groupby("reference", sort=False):
@@ -75,14 +96,10 @@ def reference_rows(summary: pd.DataFrame) -> list:
             rows.append(None)
         matched = g[g["status"] == "matched"]
         for _, r in matched.iterrows():
-            rows.append([tt(ref), QUANTITY_LABELS.get(r["quantity"], tex_escape(r["quantity"])),
-                         tex_escape(r["subject"]), str(int(r["n"])),
-                         quantity_value(r["quantity"], r["local"]),
+            rows.append([*row_head(ref, r), quantity_value(r["quantity"], r["local"]),
                          quantity_value(r["quantity"], r["reference_value"]), ratio_cell(r)])
         for _, r in g[g["status"] == "only reference"].iterrows():
-            rows.append([tt(ref), QUANTITY_LABELS.get(r["quantity"], tex_escape(r["quantity"])),
-                         tex_escape(r["subject"]), str(int(r["n"])), NONE, reference_cell(r),
-                         r"\emph{not comparable}"])
+            rows.append([*row_head(ref, r), NONE, reference_cell(r), r"\emph{not comparable}"])
         rest = g[g["status"] == "only local"]
         if len(rest):
             subjects = human_list(sorted({tex_escape(s) for s in rest["subject"]}))
@@ -104,8 +121,9 @@ def reference_cell(r) -> str:
 def reference_table(summary: pd.DataFrame) -> str:
     header = [r"Reference & Quantity & Configuration & $n$ & This run & Reference & "
               r"This / reference \\"]
-    return tabular("@{}lllrrrl@{}", header, reference_rows(summary),
-                   "no reference run in results/reference/")
+    return tabular(r"@{}ll>{\raggedright\arraybackslash}Xrrrl@{}", header,
+                   reference_rows(summary), "no reference run in results/reference/",
+                   tabularx=True)
 
 
 def reference_macros(comparison: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
@@ -120,22 +138,57 @@ def reference_macros(comparison: pd.DataFrame) -> tuple[dict[str, str], dict[str
              **cuda_reference_macros(comparison)},
             {"AnyReference": bool(names), "RefAnyMatched": len(matched) > 0,
              "RefAnyNotComparable": bool(none_matched),
-             "RefAnyCuda": bool(len(comparison)) and (comparison["backend"] == "cuda").any()})
+             "RefAnyCuda": bool(len(comparison)) and (comparison["backend"] == "cuda").any(),
+             **{flag: bool(cuda_rows(comparison)["quantity"].isin(quantities).any())
+                for flag, quantities in (("RefAnyCudaSpec", ["spec_speedup"]),
+                                         ("RefAnyCudaVerification", rf.NO_RATIO))}})
+
+
+PARALLEL_K = 8  # the K at which the text quotes a reference's verification parallelism
+
+
+def cuda_rows(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The references' rows measured on CUDA: a CUDA backend, or a pair with a CUDA side."""
+    comparison = comparison.reindex(columns=rf.COLUMNS)  # an older table may lack a key
+    pair = comparison["pair"].fillna("").astype(str)
+    on_cuda = (comparison["backend"] == "cuda") | pair.str.contains("cuda")
+    return comparison[on_cuda & (comparison["status"] != "only local")]
 
 
 def cuda_reference_macros(comparison: pd.DataFrame) -> dict[str, str]:
-    """What the references measured on CUDA: the regime verdict the seed's claim is about."""
-    rows = comparison[comparison["backend"] == "cuda"] if len(comparison) else comparison
-    spikes = rows[rows["quantity"] == "spikes"]["reference_value"] if len(rows) else rows
-    ratios = rows[rows["quantity"] == "max_ratio"]["reference_value"] if len(rows) else rows
-    configs = rows[rows["quantity"] == "decode_s"] if len(rows) else rows
-    step_ups = rows[rows["quantity"] == "step_ups"]["reference_value"] if len(rows) else rows
-    return {"RefCudaNames": human_list([tt(n) for n in dict.fromkeys(rows["reference"])])
-            if len(rows) else NONE,
-            "RefCudaSpikes": integer(spikes.sum()) if len(spikes) else NONE,
-            "RefCudaStepUps": integer(step_ups.sum()) if len(step_ups) else NONE,
-            "RefCudaConfigs": integer(len(configs)) if len(configs) else NONE,
-            "RefCudaMaxRatio": sig(ratios.max()) if len(ratios) else NONE}
+    """What the references measured on CUDA: the regime verdict and the speculative and
+    verification results that the seed's claims are about (over every CUDA reference)."""
+    rows = cuda_rows(comparison)
+
+    def values(quantity: str) -> pd.DataFrame:
+        return rows[rows["quantity"] == quantity]
+
+    spikes, ratios, step_ups = (values(q)["reference_value"]
+                                for q in ("spikes", "max_ratio", "step_ups"))
+    spec, hf, parallel = values("spec_speedup"), values("hf_ratio"), values("parallelism")
+    best = spec.loc[spec["reference_value"].idxmax()] if len(spec) else None
+    at_k = parallel[parallel["k"] == PARALLEL_K]["reference_value"]
+    macros = {
+        "RefCudaNames": human_list([tt(n) for n in dict.fromkeys(rows["reference"])])
+        if len(rows) else NONE,
+        "RefCudaSpikes": integer(spikes.sum()) if len(spikes) else NONE,
+        "RefCudaStepUps": integer(step_ups.sum()) if len(step_ups) else NONE,
+        "RefCudaConfigs": integer(len(values("decode_s"))) if len(rows) else NONE,
+        "RefCudaMaxRatio": sig(ratios.max()) if len(ratios) else NONE,
+        "RefCudaSpecBest": sig(best["reference_value"]) if best is not None else NONE,
+        "RefCudaSpecBestOn": tt(f"{best['pair']}, {best['mode']}") if best is not None else NONE,
+        "RefCudaParallelK": str(PARALLEL_K),
+        "RefCudaParallel": sig(at_k.median()) if len(at_k) else NONE,
+        "RefCudaHfMin": sig(hf["reference_value"].min()) if len(hf) else NONE,
+        "RefCudaHfMax": sig(hf["reference_value"].max()) if len(hf) else NONE,
+    }
+    for quantity, name in (("chi2_p", "Chi"), ("log_ratio_p", "LogRatio")):
+        checks = values(quantity)
+        for sampler in ("correct", *WRONG_SAMPLERS):
+            p = checks[checks["sampler"] == sampler]["reference_value"]
+            macros[f"RefCuda{name}P{sampler_name(sampler)}"] = pval(p.median()) if len(p) \
+                else NONE
+    return macros
 
 
 # -----------------------------------------------------------------------------

@@ -12,7 +12,13 @@ Each side is reduced to key numbers, one row per quantity and configuration:
                     model, dtype
     spec_speedup    best speculative speedup over K per pair and mode (each side at its own K)
     acceptance      acceptance per pair, mode and K
+    parallelism     the target's forward time on K+1 tokens over one token per backend,
+                    model, context and K
+    hf_ratio        HF assisted generation's time over our speculative decoding's, per pair
+                    and K
     chi2            the level-3 two-sample chi-square of the correct rule per pair
+    chi2_p          its p-value per pair and acceptance rule (the correct one and the two
+                    wrong ones it must reject); log_ratio_p the same for the log-ratio test
 
 Speculative rows also carry the trained models' names and sizes. Rows match only on identical
 keys; the ratio is local / reference. A configuration that only one
@@ -27,19 +33,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .figures import as_bool
+from .io import as_bool
 
 SWEEP_KEYS = ["backend", "model", "dtype", "prompt_len", "budget"]
 KEYS = ["quantity", "backend", "model", "dtype", "prompt_len", "budget", "pair", "models", "mode",
-        "k"]
-TEXT_KEYS = ("backend", "model", "dtype", "pair", "models", "mode")
+        "k", "sampler"]
+TEXT_KEYS = ("backend", "model", "dtype", "pair", "models", "mode", "sampler")
 COLUMNS = ["reference", *KEYS, "local", "reference_value", "ratio", "status",
            "local_device", "reference_device"]
 QUANTITIES = {"decode_s": "median decode latency (s)", "kv_speedup": "KV-cache speedup",
               "spikes": "spikes flagged", "max_ratio": "largest ratio to the local trend",
               "spec_speedup": "best speculative speedup", "acceptance": "acceptance",
-              "chi2": "two-sample chi-square (correct rule)",
+              "parallelism": "verification parallelism (K+1 tokens over 1)",
+              "hf_ratio": "speed against HF assisted generation",
+              "chi2": "two-sample chi-square (correct rule)", "chi2_p": "chi-square p-value",
+              "log_ratio_p": "log-ratio t-test p-value",
               "step_ups": "cache-on runs stepping up mid-decode"}
+NO_RATIO = {"chi2_p", "log_ratio_p"}
+LEVEL3_CHECKS = {"chi2_p": "chi-square", "log_ratio_p": "log-ratio"}
 
 
 def read(stats_dir: Path, name: str) -> pd.DataFrame:
@@ -108,12 +119,27 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
     if len(acceptance):
         parts.append(frame(acceptance[["pair", "mode", "k", "acceptance"]]
                            .assign(models=pair_models), "acceptance", "acceptance"))
+    parallelism = read(stats_dir, "speculative_parallelism")
+    if len(parallelism):
+        rows = parallelism.rename(columns={"context": "prompt_len"})
+        parts.append(frame(rows[["backend", "model", "prompt_len", "k", "ratio"]]
+                           .assign(models=pair_models), "parallelism", "ratio"))
+    hf = read(stats_dir, "speculative_hf")
+    if len(hf):
+        hf = hf.dropna(subset=["ours_over_hf"])
+        parts.append(frame(hf[["pair", "k", "ours_over_hf"]].assign(models=pair_models),
+                           "hf_ratio", "ours_over_hf"))
     levels = read(stats_dir, "verification_levels")
     if len(levels):
-        chi = levels[(levels["level"] == 3) & (levels["sampler"] == "correct")
-                     & levels["check"].astype(str).str.contains("chi-square")]
+        three = levels[levels["level"] == 3]
+        chi = three[(three["sampler"] == "correct")
+                    & three["check"].astype(str).str.contains("chi-square")]
         parts.append(frame(chi[["pair", "statistic"]].assign(models=pair_models), "chi2",
                            "statistic"))
+        for quantity, check in LEVEL3_CHECKS.items():
+            rows = three[three["check"].astype(str).str.contains(check)]
+            parts.append(frame(rows[["pair", "sampler", "p_value"]].assign(models=pair_models),
+                               quantity, "p_value"))
     if not parts:
         return pd.DataFrame(columns=[*KEYS, "value"])
     return pd.concat(parts, ignore_index=True)
@@ -139,7 +165,7 @@ def compare_one(local: pd.DataFrame, ref: pd.DataFrame, name: str, local_dev: di
     both = both.rename(columns={"value": "local", "value_ref": "reference_value"})
     both["status"] = both["_merge"].map({"both": "matched", "left_only": "only local",
                                          "right_only": "only reference"}).astype(str)
-    matched = both["status"] == "matched"
+    matched = (both["status"] == "matched") & ~both["quantity"].isin(NO_RATIO)
     with np.errstate(divide="ignore", invalid="ignore"):
         both["ratio"] = np.where(matched, both["local"] / both["reference_value"], np.nan)
     both["reference"] = name
@@ -171,6 +197,15 @@ def compare(local_stats: Path, references: dict[str, Path]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def subject(row: pd.Series) -> str:
+    """backend/model for a sweep row, pair[/mode][/sampler] for a speculative one."""
+    def given(col: str) -> bool:  # a key read back from CSV is NaN where it was ""
+        return pd.notna(row.get(col)) and str(row.get(col)) != ""
+
+    cols = ("backend", "model") if given("backend") else ("pair", "mode", "sampler")
+    return "/".join(str(row[c]) for c in cols if given(c))
+
+
 def summary(comparison: pd.DataFrame) -> pd.DataFrame:
     """Per reference, quantity and backend/model or pair/mode: matched rows, the medians of each
     side and the median of the ratios; unmatched groups keep their status and no ratio."""
@@ -180,16 +215,12 @@ def summary(comparison: pd.DataFrame) -> pd.DataFrame:
                                      "reference_max", "ratio", "ratio_min", "ratio_max",
                                      "local_device", "reference_device"])
     df = comparison.copy()
-    df["subject"] = np.where(df["backend"].fillna("") != "",
-                             df["backend"].astype(str) + "/" + df["model"].astype(str),
-                             df["pair"].astype(str) + np.where(df["mode"].fillna("") != "",
-                                                               "/" + df["mode"].astype(str),
-                                                               ""))
+    df["subject"] = df.apply(subject, axis=1)
     rows = []
     order = {q: i for i, q in enumerate(QUANTITIES)}
-    for (ref, quantity, subject, status), g in df.groupby(
+    for (ref, quantity, name, status), g in df.groupby(
             ["reference", "quantity", "subject", "status"], sort=False):
-        rows.append({"reference": ref, "quantity": quantity, "subject": subject,
+        rows.append({"reference": ref, "quantity": quantity, "subject": name,
                      "status": status, "n": len(g), "local": g["local"].median(),
                      "reference_value": g["reference_value"].median(),
                      "reference_min": g["reference_value"].min(),
