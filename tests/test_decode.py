@@ -1,6 +1,9 @@
+import time
+
 import pytest
 import torch
 
+from decodelab import decode as decode_module
 from decodelab import models
 from decodelab.decode import decode
 
@@ -51,6 +54,35 @@ def test_a_probe_is_read_once_per_step(model):
     assert out.probed == [float(i) for i in range(8)]
     assert len(out.step_s) == 8
     assert decode(model, prompt, 9).probed == []
+
+
+def stalled(forward, how: str, seconds: float = 0.02):
+    """`forward` with each call held up `seconds`, asleep or busy on this thread."""
+    def slow(*args, **kwargs):
+        end = time.perf_counter() + seconds
+        if how == "asleep":
+            time.sleep(seconds)
+        while time.perf_counter() < end:
+            pass
+        return forward(*args, **kwargs)
+    return slow
+
+
+@pytest.mark.parametrize("how", ["asleep", "busy"])
+def test_the_launch_breakdown_tells_a_thread_that_waits_from_one_that_works(model, monkeypatch,
+                                                                            how):
+    prompt = prompt_for(model)
+    plain = decode(model, prompt, 9)
+    assert len(plain.launch_s) == len(plain.launch_cpu_s) == len(plain.step_s) == 8
+    assert all(0 < a <= s for a, s in zip(plain.launch_s, plain.step_s, strict=True))
+    monkeypatch.setattr(decode_module, "forward_logits",
+                        stalled(decode_module.forward_logits, how))
+    out = decode(model, prompt, 9)
+    assert min(out.launch_s) >= 0.02
+    if how == "asleep":  # the wall time grew, this thread's CPU time did not
+        assert max(out.launch_cpu_s) < 0.02
+    else:
+        assert min(out.launch_cpu_s) >= 0.015
 
 
 def test_seeded_sampling_is_reproducible_and_differs_from_greedy(model):

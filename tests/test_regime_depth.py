@@ -324,6 +324,22 @@ def test_find_onsets_tests_cache_on_runs_long_enough_only():
     assert out["step_up"].isna().iloc[1]
     with pytest.raises(ValueError, match="factor"):
         onsets.find_onsets(pd.DataFrame(rows), 1.0, 8, 8)
+    assert out["launch_up"].isna().all()  # rows from before the harness recorded launches
+
+
+def test_find_onsets_says_whether_the_added_time_is_the_host_waiting_or_the_device():
+    steps = steps_with_step_up(127, 31)
+    flat = steps_with_step_up(127, None)
+    base = {"experiment": "sweep", "backend": "cuda", "model": "m", "family": "gpt2",
+            "dtype": "float16", "prompt_len": 32, "budget": 128, "repeat": 0, "inner": 0,
+            "use_cache": True, "step_s": steps}
+    rows = [{**base, "inner": 0, "step_launch_s": 0.9 * steps, "step_launch_cpu_s": 0.8 * flat},
+            {**base, "inner": 1, "step_launch_s": 0.9 * flat, "step_launch_cpu_s": 0.8 * flat}]
+    out = onsets.find_onsets(pd.DataFrame(rows), 2.5, 8, 8)
+    host, device = out.iloc[0], out.iloc[1]
+    assert host["launch_up"] == pytest.approx(6.0, rel=0.1)  # launching took the added time...
+    assert host["launch_cpu_up"] == pytest.approx(1.0, rel=0.1)  # ...with this thread idle
+    assert device["launch_up"] == pytest.approx(1.0, rel=0.1)  # the wait for the device grew
 
 
 # -----------------------------------------------------------------------------

@@ -50,7 +50,8 @@ def test_ablation_rows_carry_timings_memory_and_provenance(model_dir):
     assert (df["total_s"] > 0).all()
     assert (df["total_s"] - df["prefill_s"] - df["decode_s"]).abs().max() < 1e-9
     assert (df["tokens_generated"] == df["budget"]).all()
-    assert (df["step_s"].map(len) == df["budget"] - 1).all()
+    for col in ("step_s", "step_launch_s", "step_launch_cpu_s"):
+        assert (df[col].map(len) == df["budget"] - 1).all(), col
     assert (df["rss_bytes"] > 0).all()
     assert (df["step_sm_clock_mhz"].map(len) == 0).all()  # no GPU clock off CUDA
     assert df["sm_clock_median_mhz"].isna().all()

@@ -24,6 +24,11 @@ class Decoded:
     tokens: list[int]
     prefill_s: float
     step_s: list[float] = field(default_factory=list)
+    # Where a step's time goes: the host's wall and CPU time until the step's work is queued
+    # (on CPU, until it is done). Wall well above CPU: the thread was not running; step well
+    # above launch: the device was busy.
+    launch_s: list[float] = field(default_factory=list)
+    launch_cpu_s: list[float] = field(default_factory=list)
     probed: list[float] = field(default_factory=list)
 
     @property
@@ -68,8 +73,11 @@ def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
     generated = [token]
     last = prefill_end
     for _ in range(budget - 1):
+        cpu = time.thread_time()
         ids = token if use_cache else torch.cat([prompt, *generated], dim=1)
         token = next_token(forward_logits(model, ids, cache), temperature, top_k, top_p, generator)
+        out.launch_cpu_s.append(time.thread_time() - cpu)
+        out.launch_s.append(time.perf_counter() - last)
         generated.append(token)
         t = now(device)
         out.step_s.append(t - last)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .figures import as_bool
+from .io import as_bool
 
 KEYS = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "budget", "repeat",
         "inner"]
-COLUMNS = [*KEYS, "steps", "onset", "step_up"]
+COLUMNS = [*KEYS, "steps", "onset", "step_up", "launch_up", "launch_cpu_up"]
 
 
 def check_settings(factor: float, baseline: int, run: int) -> None:
@@ -45,9 +45,20 @@ def onset(steps, factor: float, baseline: int, run: int) -> int:
     return start
 
 
+def ratio_after(values, at: int, baseline: int) -> float:
+    """Median after step `at` over the median of the first `baseline`; NaN without values (rows
+    from before the harness recorded them)."""
+    v = np.asarray(values if values is not None else [], dtype=float)
+    if at < 0 or len(v) <= at:
+        return float("nan")
+    return float(np.median(v[at:]) / np.median(v[:baseline]))
+
+
 def find_onsets(runs: pd.DataFrame, factor: float, baseline: int, run: int) -> pd.DataFrame:
     """One row per cache-on run long enough to test: its onset (-1: none) and the step-up, the
-    median step after the onset over the median of the first `baseline` steps."""
+    median step after the onset over the median of the first `baseline` steps; the same ratio
+    for the host's launch wall time and launch CPU time (`decode.Decoded`) says where the added
+    time went."""
     check_settings(factor, baseline, run)
     rows = []
     for _, r in runs[as_bool(runs["use_cache"])].iterrows():
@@ -55,7 +66,8 @@ def find_onsets(runs: pd.DataFrame, factor: float, baseline: int, run: int) -> p
         if len(s) < baseline + run:
             continue
         at = onset(s, factor, baseline, run)
-        step_up = np.median(s[at:]) / np.median(s[:baseline]) if at >= 0 else np.nan
         rows.append({**{k: r.get(k) for k in KEYS}, "steps": len(s), "onset": at,
-                     "step_up": float(step_up)})
+                     "step_up": ratio_after(s, at, baseline),
+                     "launch_up": ratio_after(r.get("step_launch_s"), at, baseline),
+                     "launch_cpu_up": ratio_after(r.get("step_launch_cpu_s"), at, baseline)})
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -72,6 +72,8 @@ def measure(model, prompt: torch.Tensor, cfg: dict, device: str, probe=None) -> 
         "step_median_s": float(np.median(steps)),
         "step_max_s": float(np.max(steps)),
         "step_s": [float(s) for s in out.step_s],
+        "step_launch_s": [float(s) for s in out.launch_s],
+        "step_launch_cpu_s": [float(s) for s in out.launch_cpu_s],
         # The GPU's SM clock after each step (CUDA with NVML): tells a step slowed by the GPU's
         # power management from one slow at full clock.
         "step_sm_clock_mhz": [float(c) for c in out.probed],
