@@ -431,8 +431,10 @@ def test_step_ups_reach_the_papers_macros(tmp_path):
 
     runs = raw_runs(0)
     longest = runs["budget"] == runs["budget"].max()
+    runs["step_launch_cpu_s"] = runs["step_s"].map(lambda s: 0.8 * s)
     runs.loc[longest, "step_s"] = runs.loc[longest, "step_s"].map(
         lambda s: np.concatenate([s[:31], 5 * s[31:]]))
+    runs["step_launch_s"] = runs["step_s"].map(lambda s: 0.9 * s)  # a thread kept waiting
     rc, stats_dir = run_verb(tmp_path, runs)
     assert rc == 0
     t = paper.read_regime_depth(stats_dir, paper.REGIME_DEPTH)
@@ -440,6 +442,9 @@ def test_step_ups_reach_the_papers_macros(tmp_path):
     assert flags["AnyOnsets"] and macros["OnsetSteps"] == "31"
     assert macros["OnsetRuns"] == str(int(longest.sum()))
     assert "MPS" in macros["OnsetWhere"]
+    assert flags["OnsetHasLaunch"]
+    assert float(macros["OnsetLaunchUp"]) == pytest.approx(5.0, rel=0.1)
+    assert float(macros["OnsetLaunchCpuUp"]) == pytest.approx(1.0, rel=0.1)
 
 
 @pytest.mark.skipif(__import__("shutil").which("latexmk") is None, reason="latexmk not on PATH")

@@ -1566,7 +1566,13 @@ def onset_depth_macros(onsets: pd.DataFrame,
                                   for _, r in where.iterrows()], empty=NONE),
         "OnsetStepUp": sig(up["step_up"].median()) if len(up) else NONE,
     }
-    return macros, {"AnyOnsets": bool(len(up))}
+    launch = {col: up[col].dropna() if col in up else pd.Series(dtype=float)
+              for col in ("launch_up", "launch_cpu_up")}
+    macros["OnsetLaunchUp"] = sig(launch["launch_up"].median()) if len(launch["launch_up"]) \
+        else NONE
+    macros["OnsetLaunchCpuUp"] = sig(launch["launch_cpu_up"].median()) \
+        if len(launch["launch_cpu_up"]) else NONE
+    return macros, {"AnyOnsets": bool(len(up)), "OnsetHasLaunch": bool(len(launch["launch_up"]))}
 
 
 def collapse_depth_macros(kvc: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
@@ -1599,6 +1605,7 @@ DEPTH_MACROS = (
     "ChgMinSize", "ChgNoiseFloor", "ChgNumCurves", "ChgNumChangePoints", "ChgNumCurvesWith",
     "ChgNumSpikes", "ChgNumCoinciding", "ChgNumAtSpikes", "OnsetFactor", "OnsetBaseline",
     "OnsetRun", "OnsetTested", "OnsetRuns", "OnsetSteps", "OnsetWhere", "OnsetStepUp",
+    "OnsetLaunchUp", "OnsetLaunchCpuUp",
 )
 
 
@@ -1607,7 +1614,7 @@ def regime_depth_macros(t: dict[str, pd.DataFrame] | None,
     """Macros of the regimes-in-depth subsection; '--' and false flags when the rule has not run."""
     flags = {"RegimeDepthReady": t is not None, "PhaseTestApplies": False,
              "MemoryApplies": False, "AnyChangePoints": False, "KvCollapseApplies": False,
-             "AnyOnsets": False}
+             "AnyOnsets": False, "OnsetHasLaunch": False}
     if t is None:
         return {name: NONE for name in DEPTH_MACROS}, flags
     phase_m, phase_f = phase_depth_macros(t["phases"])
