@@ -170,17 +170,39 @@ def macros_tex(macros: dict[str, str], flags: dict[str, bool]) -> str:
     return HEADER + "\n".join(lines) + "\n"
 
 
+def columns(spec: str) -> int:
+    return len(re.findall(r"[lcrXp]", re.sub(r"\{[^{}]*\}", "", spec)))
+
+
+def table_body(rows: list[list[str] | None], ncols: int, empty: str) -> list[str]:
+    """Rows joined with &s, None as a \\midrule; an empty table says `empty` across its width."""
+    return [r"\midrule" if r is None else " & ".join(r) + r" \\" for r in rows] or [
+        f"\\multicolumn{{{ncols}}}{{c}}{{\\emph{{{empty}}}}} \\\\"]
+
+
 def tabular(spec: str, header: list[str], rows: list[list[str]], empty: str,
             tabularx: bool = False) -> str:
     """A booktabs table; `header` lines are full rows (with their own &s and \\cmidrules)."""
-    ncols = len(re.findall(r"[lcrXp]", re.sub(r"\{[^{}]*\}", "", spec)))
     begin = (f"\\begin{{tabularx}}{{\\linewidth}}{{{spec}}}" if tabularx
              else f"\\begin{{tabular}}{{{spec}}}")
     end = "\\end{tabularx}" if tabularx else "\\end{tabular}"
-    body = [r"\midrule" if r is None else " & ".join(r) + r" \\" for r in rows] or [
-        f"\\multicolumn{{{ncols}}}{{c}}{{\\emph{{{empty}}}}} \\\\"]
     head = [*header, r"\midrule"] if header else []
-    return HEADER + "\n".join([begin, r"\toprule", *head, *body, r"\bottomrule", end]) + "\n"
+    return HEADER + "\n".join([begin, r"\toprule", *head, *table_body(rows, columns(spec), empty),
+                                r"\bottomrule", end]) + "\n"
+
+
+def long_tabular(spec: str, header: list[str], rows: list[list[str]], empty: str,
+                 caption: str) -> str:
+    """A booktabs table of the text's width that breaks across pages (xltabular), its header
+    repeated on each page; `caption` is the TeX of its caption and label."""
+    ncols = columns(spec)
+    head = [r"\toprule", *header, r"\midrule"]
+    return HEADER + "\n".join([
+        f"\\begin{{xltabular}}{{\\linewidth}}{{{spec}}}", caption + r" \\", *head,
+        r"\endfirsthead",
+        f"\\multicolumn{{{ncols}}}{{@{{}}l}}{{\\emph{{\\tablename~\\thetable, continued}}}} \\\\",
+        *head, r"\endhead", r"\bottomrule", r"\endlastfoot",
+        *table_body(rows, ncols, empty), r"\end{xltabular}"]) + "\n"
 
 
 def keyvalue(rows: list[tuple[str, str] | None]) -> str:

@@ -18,6 +18,7 @@ from .paper import (
     WRONG_SAMPLERS,
     human_list,
     integer,
+    long_tabular,
     pval,
     sampler_name,
     sig,
@@ -121,9 +122,9 @@ def reference_cell(r) -> str:
 def reference_table(summary: pd.DataFrame) -> str:
     header = [r"Reference & Quantity & Configuration & $n$ & This run & Reference & "
               r"This / reference \\"]
-    return tabular(r"@{}ll>{\raggedright\arraybackslash}Xrrrl@{}", header,
-                   reference_rows(summary), "no reference run in results/reference/",
-                   tabularx=True)
+    return long_tabular(r"@{}ll>{\raggedright\arraybackslash}Xrrrl@{}", header,
+                        reference_rows(summary), "no reference run in results/reference/",
+                        r"\caption{\RefTableCaption}\label{tab:reference}")
 
 
 def reference_macros(comparison: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
