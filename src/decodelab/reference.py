@@ -165,9 +165,9 @@ def compare_one(local: pd.DataFrame, ref: pd.DataFrame, name: str, local_dev: di
     both = both.rename(columns={"value": "local", "value_ref": "reference_value"})
     both["status"] = both["_merge"].map({"both": "matched", "left_only": "only local",
                                          "right_only": "only reference"}).astype(str)
-    matched = (both["status"] == "matched") & ~both["quantity"].isin(NO_RATIO)
+    has_ratio = (both["status"] == "matched") & ~both["quantity"].isin(NO_RATIO)
     with np.errstate(divide="ignore", invalid="ignore"):
-        both["ratio"] = np.where(matched, both["local"] / both["reference_value"], np.nan)
+        both["ratio"] = np.where(has_ratio, both["local"] / both["reference_value"], np.nan)
     both["reference"] = name
     status = both["status"]
     both["local_device"] = [row_device(r, local_dev) if s != "only reference" else ""
