@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from decodelab import devices
+from decodelab.errors import DecodelabError
 
 FINGERPRINT_KEYS = {
     "hostname", "backend", "device_name", "device_index", "cpu_model", "cpu_count", "ram_bytes",
     "os", "python", "torch", "transformers", "git_commit", "config_hash", "timestamp",
-}
+}  # and sdp_backends, empty off CUDA
 
 
 @pytest.fixture
@@ -196,6 +197,30 @@ def test_fingerprint_has_all_provenance_keys():
     assert fp["torch"] == torch.__version__
     assert fp["config_hash"] == devices.config_hash(spec)
     assert all(fp[k] not in (None, "") for k in FINGERPRINT_KEYS)
+
+
+@pytest.fixture
+def torch_sdp_flags():
+    """Restore torch's attention-backend flags, which are global to the process."""
+    saved = {n: getattr(torch.backends.cuda, f"{n}_sdp_enabled")() for n in devices.SDP_BACKENDS}
+    yield
+    for name, on in saved.items():
+        getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
+
+
+def test_sdp_backends_allows_only_the_listed_attention_backends(torch_sdp_flags):
+    devices.set_sdp_backends(None)  # leaves torch's defaults
+    assert "math" in devices.sdp_backends("cuda")
+    devices.set_sdp_backends(["flash", "mem_efficient", "math"])
+    assert devices.sdp_backends("cuda") == "flash,mem_efficient,math"
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    devices.set_sdp_backends(["math"])
+    assert devices.sdp_backends("cuda") == "math"
+    assert devices.sdp_backends("cpu") == ""  # recorded for CUDA rows only
+    with pytest.raises(DecodelabError, match=r"sweep\.sdp_backends.*'cudnnn'"):
+        devices.set_sdp_backends(["cudnnn"])
+    with pytest.raises(DecodelabError, match="non-empty"):
+        devices.set_sdp_backends([])
 
 
 def test_fingerprint_is_json_serializable():

@@ -75,3 +75,12 @@ def test_several_dtypes_are_measured_in_one_process_each_with_its_own_order(mode
     assert sorted(df["dtype"].unique()) == ["bfloat16", "float32"]
     assert (df.groupby("dtype").size() == 2).all()
     assert df.groupby("dtype")["shuffle_seed"].first().nunique() == 2
+
+
+def test_a_sweep_applies_its_attention_backends_before_measuring(model_dir, monkeypatch):
+    applied = []
+    monkeypatch.setattr(sweep, "set_sdp_backends", applied.append)
+    for extra in ({}, {"sdp_backends": ["math"]}):
+        sweep.run(str(model_dir), "gpt2-tiny", "cpu", {**SPEC, "budgets": [4], **extra}, repeat=0,
+                  experiment="sweep", progress=False)
+    assert applied == [None, ["math"]]

@@ -92,6 +92,16 @@ def test_bad_value_is_rejected_naming_the_value(workdir):
     assert out.returncode != 0 and "tpu" in out.stderr + out.stdout
 
 
+def test_sweep_attention_backends_reach_the_sweep_jobs_and_bad_ones_are_rejected(workdir):
+    sweep = yaml.safe_load((ROOT / "config.yaml").read_text())["sweep"]
+    config = write_config(workdir, sweep=sweep | {"sdp_backends": ["flash", "math"]})
+    out = snakemake(workdir, "-n", "-p", "--configfile", str(config))
+    assert '"sdp_backends": ["flash", "math"]' in out.stdout
+    config = write_config(workdir, sweep=sweep | {"sdp_backends": ["cudnnn"]})
+    out = snakemake(workdir, "-n", "--configfile", str(config), check=False)
+    assert out.returncode != 0 and "cudnnn" in out.stderr + out.stdout
+
+
 def test_budget_past_the_position_table_is_rejected_before_any_job(workdir):
     sweep = yaml.safe_load((ROOT / "config.yaml").read_text())["sweep"] | {"budgets": [8, 1020]}
     out = snakemake(workdir, "-n", "--configfile", str(write_config(workdir, sweep=sweep)),

@@ -13,13 +13,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
 import torch
+
+from .errors import DecodelabError
 
 BACKENDS = ("cpu", "cuda", "mps")
 
@@ -148,6 +150,31 @@ def sm_clock_probe(device: torch.device | str) -> Callable[[], float] | None:
     return lambda: float(torch.cuda.clock_rate())
 
 
+SDP_BACKENDS = ("flash", "mem_efficient", "math", "cudnn")
+
+
+def set_sdp_backends(allowed: Iterable[str] | None) -> None:
+    """Allow only these backends of torch's scaled_dot_product_attention on CUDA (None: torch's
+    defaults). On the H200 reference, the cuDNN backend made GPT-2 and OPT decode steps cost
+    ~2 ms of host time per attention call from some step on; without it no run stepped up."""
+    if allowed is None:
+        return
+    allowed = list(allowed)
+    unknown = sorted(set(allowed) - set(SDP_BACKENDS))
+    if unknown or not allowed:
+        raise DecodelabError(f"config 'sweep.sdp_backends' must be a non-empty list of "
+                             f"{', '.join(SDP_BACKENDS)}; got {allowed}")
+    for name in SDP_BACKENDS:
+        getattr(torch.backends.cuda, f"enable_{name}_sdp")(name in allowed)
+
+
+def sdp_backends(backend: str) -> str:
+    """The attention backends torch may pick on CUDA, as recorded with every CUDA row."""
+    if backend != "cuda":
+        return ""
+    return ",".join(n for n in SDP_BACKENDS if getattr(torch.backends.cuda, f"{n}_sdp_enabled")())
+
+
 def device_name(backend: str) -> str:
     if backend == "cuda":
         return torch.cuda.get_device_name()
@@ -202,6 +229,7 @@ def fingerprint(backend: str, spec: dict) -> dict[str, str | int]:
         "backend": backend,
         "device_name": device_name(backend),
         "device_index": torch.cuda.current_device() if backend == "cuda" else 0,
+        "sdp_backends": sdp_backends(backend),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count() or 0,
         "ram_bytes": psutil.virtual_memory().total,

@@ -15,7 +15,13 @@ from transformers import AutoConfig
 
 from . import models
 from .decode import decode
-from .devices import fingerprint, memory_snapshot, reset_peak_memory, sm_clock_probe
+from .devices import (
+    fingerprint,
+    memory_snapshot,
+    reset_peak_memory,
+    set_sdp_backends,
+    sm_clock_probe,
+)
 from .errors import DecodelabError
 
 
@@ -95,6 +101,7 @@ def run(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
     configuration."""
     check_positions(AutoConfig.from_pretrained(model_dir), spec["budgets"],
                     spec["prompt_lengths"], model_name)
+    set_sdp_backends(spec.get("sdp_backends"))
     return pd.concat([run_dtype(model_dir, model_name, backend, {**spec, "dtype": dtype}, repeat,
                                 experiment, index, progress)
                       for index, dtype in enumerate(dtypes(spec))], ignore_index=True)

@@ -158,7 +158,8 @@ check_changepoints()
 
 def sweep_spec():
     keys = ("budgets", "prompt_lengths", "dtype", "inner_repeats", "warmup")
-    return {**{k: SWEEP[k] for k in keys}, "seed": config["seed"]}
+    optional = {k: SWEEP[k] for k in ("sdp_backends",) if k in SWEEP}  # old hashes stay valid
+    return {**{k: SWEEP[k] for k in keys}, **optional, "seed": config["seed"]}
 
 
 SWEEP_BACKENDS = [b for b in SWEEP.get("backends", BACKENDS) if b in BACKENDS]

@@ -1,7 +1,10 @@
 """The step-up diagnosis in numbers: per experiment, the cache-on runs the onset rule tested and
 flagged, their onsets, and how much the step, the host's launch wall time and its launch CPU time
-rose (medians). Run from the repo root; writes summary.csv beside this file."""
+rose (medians); and, from cProfile, the functions whose own time per step differs most between a
+run that steps up and one that does not. Run from the repo root; writes summary.csv and
+profile.csv beside this file."""
 import json
+import pstats
 import sys
 from pathlib import Path
 
@@ -60,8 +63,29 @@ def isolated_rows() -> list[dict]:
     return rows
 
 
+def per_step(name: str, steps: int) -> pd.DataFrame:
+    """cProfile's own time and calls per decode step, by function."""
+    stats = pstats.Stats(str(HERE / "profile" / f"{name}.prof")).stats
+    return pd.DataFrame([{"function": f"{Path(file).name}:{line}:{func}", "calls": v[1] / steps,
+                          "own_ms": 1e3 * v[2] / steps}
+                         for (file, line, func), v in stats.items()]).set_index("function")
+
+
+def profile_rows(top: int = 5) -> pd.DataFrame:
+    """gpt2 float16, rep 0: budget 256 steps up from step 63, budget 128 does not."""
+    up, flat = per_step("gpt2-torch.float16-02-b256", 255), per_step("gpt2-torch.float16-04-b128",
+                                                                     127)
+    both = up.add_suffix("_stepping_up").join(flat.add_suffix("_flat"), how="outer").fillna(0)
+    both["own_ms_added"] = both["own_ms_stepping_up"] - both["own_ms_flat"]
+    return both.sort_values("own_ms_added", ascending=False).head(top).reset_index()
+
+
 if __name__ == "__main__":
     table = pd.DataFrame([*(sweep_rows(n) for n in ("launch", "noprobe", "onceprobe",
-                                                     "instrument")), *isolated_rows()])
+                                                     "instrument", "nocudnn", "profile")),
+                          *isolated_rows()])
     table.to_csv(HERE / "summary.csv", index=False, float_format="%.3g")
     print(table.to_string(index=False))
+    profile = profile_rows()
+    profile.to_csv(HERE / "profile.csv", index=False, float_format="%.3g")
+    print(profile.to_string(index=False))
