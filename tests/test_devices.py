@@ -16,7 +16,8 @@ from decodelab.errors import DecodelabError
 FINGERPRINT_KEYS = {
     "hostname", "backend", "device_name", "device_index", "cpu_model", "cpu_count", "ram_bytes",
     "os", "python", "torch", "transformers", "git_commit", "config_hash", "timestamp",
-}  # and sdp_backends, empty off CUDA
+    "sdp_backends",
+}
 
 
 @pytest.fixture
@@ -210,13 +211,13 @@ def torch_sdp_flags():
 
 def test_sdp_backends_allows_only_the_listed_attention_backends(torch_sdp_flags):
     devices.set_sdp_backends(None)  # leaves torch's defaults
-    assert "math" in devices.sdp_backends("cuda")
+    assert "math" in devices.sdp_backends()
     devices.set_sdp_backends(["flash", "mem_efficient", "math"])
-    assert devices.sdp_backends("cuda") == "flash,mem_efficient,math"
+    assert devices.sdp_backends() == "flash,mem_efficient,math"
     assert not torch.backends.cuda.cudnn_sdp_enabled()
     devices.set_sdp_backends(["math"])
-    assert devices.sdp_backends("cuda") == "math"
-    assert devices.sdp_backends("cpu") == ""  # recorded for CUDA rows only
+    assert devices.sdp_backends() == "math"
+    assert devices.fingerprint("cpu", {})["sdp_backends"] == "math"
     with pytest.raises(DecodelabError, match=r"sweep\.sdp_backends.*'cudnnn'"):
         devices.set_sdp_backends(["cudnnn"])
     with pytest.raises(DecodelabError, match="non-empty"):

@@ -154,9 +154,9 @@ SDP_BACKENDS = ("flash", "mem_efficient", "math", "cudnn")
 
 
 def set_sdp_backends(allowed: Iterable[str] | None) -> None:
-    """Allow only these backends of torch's scaled_dot_product_attention on CUDA (None: torch's
-    defaults). On the H200 reference, the cuDNN backend made GPT-2 and OPT decode steps cost
-    ~2 ms of host time per attention call from some step on; without it no run stepped up."""
+    """Allow only these backends of torch's scaled_dot_product_attention (None: torch's
+    defaults). The flags are global to the process: CPU attention honours flash and math, CUDA
+    all four. results/reference/cuda-h200/README.md shows why one may leave cuDNN out."""
     if allowed is None:
         return
     allowed = list(allowed)
@@ -168,10 +168,8 @@ def set_sdp_backends(allowed: Iterable[str] | None) -> None:
         getattr(torch.backends.cuda, f"enable_{name}_sdp")(name in allowed)
 
 
-def sdp_backends(backend: str) -> str:
-    """The attention backends torch may pick on CUDA, as recorded with every CUDA row."""
-    if backend != "cuda":
-        return ""
+def sdp_backends() -> str:
+    """The attention backends torch may pick, as recorded with every row."""
     return ",".join(n for n in SDP_BACKENDS if getattr(torch.backends.cuda, f"{n}_sdp_enabled")())
 
 
@@ -229,7 +227,7 @@ def fingerprint(backend: str, spec: dict) -> dict[str, str | int]:
         "backend": backend,
         "device_name": device_name(backend),
         "device_index": torch.cuda.current_device() if backend == "cuda" else 0,
-        "sdp_backends": sdp_backends(backend),
+        "sdp_backends": sdp_backends(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count() or 0,
         "ram_bytes": psutil.virtual_memory().total,

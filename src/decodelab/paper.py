@@ -1588,13 +1588,10 @@ def onset_depth_macros(onsets: pd.DataFrame,
                                   for _, r in where.iterrows()], empty=NONE),
         "OnsetStepUp": sig(up["step_up"].median()) if len(up) else NONE,
     }
-    launch = {col: up[col].dropna() if col in up else pd.Series(dtype=float)
-              for col in ("launch_up", "launch_cpu_up")}
-    macros["OnsetLaunchUp"] = sig(launch["launch_up"].median()) if len(launch["launch_up"]) \
-        else NONE
-    macros["OnsetLaunchCpuUp"] = sig(launch["launch_cpu_up"].median()) \
-        if len(launch["launch_cpu_up"]) else NONE
-    return macros, {"AnyOnsets": bool(len(up)), "OnsetHasLaunch": bool(len(launch["launch_up"]))}
+    none = pd.Series(dtype=float)  # rows from before the harness timed launches
+    launch, launch_cpu = (up.get(col, none) for col in ("launch_up", "launch_cpu_up"))
+    macros |= {"OnsetLaunchUp": sig(launch.median()), "OnsetLaunchCpuUp": sig(launch_cpu.median())}
+    return macros, {"AnyOnsets": bool(len(up)), "OnsetHasLaunch": bool(launch.notna().any())}
 
 
 def collapse_depth_macros(kvc: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:

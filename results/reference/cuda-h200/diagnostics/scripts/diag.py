@@ -113,7 +113,8 @@ for rnd in range(6):
                 decode(model, prompt, 16)
         before = cgroup_stat()
         if how in ("probe", "plain"):
-            out = decode(model, prompt, budget, probe=sm_clock_probe(dev) if how == "probe" else None)
+            probe = sm_clock_probe(dev) if how == "probe" else None
+            out = decode(model, prompt, budget, probe=probe)
             wall, gpu, cpu = out.step_s, None, None
         else:
             wall, gpu, cpu = instrumented(model, prompt, budget, use_gc=how != "nogc")

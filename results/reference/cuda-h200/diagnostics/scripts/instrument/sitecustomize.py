@@ -35,7 +35,7 @@ def instrumented(model, prompt, cfg, device, probe=None):
     row["gc_t"] = [t - start for t, phase, _, _ in events if phase == "start"]
     row["gc_gen"] = [g for _, phase, g, _ in events if phase == "start"]
     stops = [t for t, phase, _, _ in events if phase == "stop"]
-    row["gc_s"] = [b - a for a, b in zip(row["gc_t"], [t - start for t in stops])]
+    row["gc_s"] = [b - a for a, b in zip(row["gc_t"], [t - start for t in stops], strict=False)]
     return row
 
 
