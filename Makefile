@@ -5,9 +5,10 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 TEX_PACKAGES := latexmk texlive-latex-recommended texlive-fonts-recommended texlive-latex-extra poppler-utils
 CONTAINER_PACKAGES := podman runc debootstrap
+SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup tex container-image reproduce paper report artifact-times test bench lint clean
+.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools reproduce paper report artifact-times test bench lint clean
 
 setup: $(STAMP) tex
 
@@ -54,20 +55,41 @@ artifact-times: setup
 	$(BIN)/snakemake --allowed-rules $(PAPER_RULES) results/combined/stats/benchmarks.csv
 	$(BIN)/decodelab artifact-times --benchmarks results/combined/stats/benchmarks.csv
 
+# Debian packages $(2) from apt as root unless the commands $(1) are all there; without apt or
+# root nothing is installed, and the tests that need them are skipped, saying why.
+apt_install_missing = @missing=; for c in $(1); do command -v $$c >/dev/null 2>&1 || missing=1; done; \
+	[ -z "$$missing" ] || ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" -ne 0 ] \
+	|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); }
+
+container-tools:
+	$(call apt_install_missing,podman debootstrap,$(CONTAINER_PACKAGES))
+
 # The CPU image (envs/cpu.Containerfile) built with Podman on a Debian base made here, for the
 # container test (tests/test_containers.py, `pytest -m container`): Podman, runc and debootstrap
 # from apt as root; about 4 minutes the first time, seconds after. Elsewhere the test is skipped.
-container-image: setup
+container-image: setup container-tools
 	@if command -v podman >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then \
 	  envs/build-local.sh; \
-	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" -eq 0 ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CONTAINER_PACKAGES) \
-	    && envs/build-local.sh; \
 	else \
 	  echo "container-image: no podman/debootstrap and no apt as root: the container test is skipped"; \
 	fi
 
-test: setup container-image
+# The CUDA image (envs/cuda.Containerfile) built the same way, with PyTorch's CUDA wheels from
+# PyPI: 6.3 GB, about 6 minutes here. Not part of `make test` (too heavy); where it exists, the
+# container test runs its CPU sweep in it too. No GPU run inside it is tested (envs/README.md).
+cuda-image: setup container-tools
+	envs/build-local.sh cuda
+
+# Debian's Chromium, for the browser test of the report (tests/test_report_browser.py).
+browser:
+	$(call apt_install_missing,chromium,chromium)
+
+# SLURM, munge and MariaDB for the cluster test (tests/test_slurm.py, `pytest -m slurm`), which
+# starts a one-node cluster as root in a temporary directory and stops it after; about 20 s.
+slurm-tools:
+	$(call apt_install_missing,slurmctld slurmd slurmdbd munged mariadbd,$(SLURM_PACKAGES))
+
+test: setup container-image browser slurm-tools
 	$(BIN)/pytest
 
 # Our speculative decoding against HF assisted generation and plain decoding on the default pair,
@@ -79,6 +101,7 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/snakemake --lint
 
 clean:

@@ -1,7 +1,13 @@
 # decodelab: config -> models -> raw runs -> tidy tables -> statistics -> figures -> paper PDF.
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
+from decodelab.configcheck import schema_problem
+
 min_version("9.5")
+SCHEMA = "workflow/schemas/config.schema.yaml"
 
 
 # A --configfile replaces the embedded default instead of merging into it: Snakemake merges
@@ -11,10 +17,14 @@ if not workflow.overwrite_configfiles:
     configfile: "config.yaml"
 
 
+# One line naming the key and what is allowed; then Snakemake's validate fills in the defaults.
+problem = schema_problem(config, Path(workflow.basedir) / SCHEMA)
+if problem:
+    raise WorkflowError(problem)
+validate(config, SCHEMA)
 
-validate(config, "workflow/schemas/config.schema.yaml")
 
-
+include: "workflow/rules/names.smk"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/sweeps.smk"

@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# Build the CPU image with Podman on a machine that reaches PyPI and Debian but no container
-# registry (like CI's): the base is Debian bookworm made with debootstrap and imported, torch
-# comes from a local wheel directory, pip uses this host's settings (CA bundle, pip.conf) during
-# the build only. Reruns take seconds: the base is kept and Podman reuses cached layers.
+# Build an image with Podman on a machine that reaches PyPI and Debian but no container
+# registry (like CI's): the base is Debian bookworm made with debootstrap and imported, the CPU
+# image's torch comes from a local wheel directory (the CUDA image's from PyPI), pip uses this
+# host's settings (CA bundle, pip.conf) during the build only. Reruns take seconds: the base is
+# kept and Podman reuses cached layers.
 #   envs/build-local.sh            -> localhost/decodelab-cpu:local
-# Needs root (debootstrap), podman, runc and debootstrap (`make container-image` installs them).
+#   envs/build-local.sh cuda       -> localhost/decodelab-cuda:local  (`make cuda-image`, GBs)
+# Needs root (debootstrap), podman, runc and debootstrap (`make container-image` and `make
+# cuda-image` install them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$PWD/envs/podman/containers.conf}"
+KIND=${1:-cpu}
+case "$KIND" in
+  cpu | cuda) ;;
+  *) echo "build-local: no image '$KIND': build 'cpu' (the default) or 'cuda'" >&2; exit 2 ;;
+esac
+for tool in podman debootstrap; do
+  command -v "$tool" > /dev/null \
+    || { echo "build-local: $tool is not installed (apt-get install podman runc debootstrap)" >&2; exit 1; }
+done
 BASE=${BASE:-localhost/decodelab-base:bookworm}
-IMAGE=${IMAGE:-localhost/decodelab-cpu:local}
+IMAGE=${IMAGE:-localhost/decodelab-$KIND:local}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 WHEELS=${WHEELS:-${PIP_FIND_LINKS:-/opt/wheels}}
 
@@ -35,6 +47,8 @@ host_pip_mounts() {
 }
 
 torch_source() {
+  # The local wheels are CPU builds; the CUDA image takes PyPI's torch, which is the CUDA one.
+  [ "$KIND" = cpu ] || return 0
   if compgen -G "$WHEELS/torch-*.whl" > /dev/null; then
     printf -- '--build-arg=TORCH_SOURCE=--no-index --find-links /wheels\n'
     printf -- '--volume=%s:/wheels:ro\n' "$WHEELS"
@@ -47,6 +61,6 @@ commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- src pyproject.toml requirements.lock 2>/dev/null || commit+=-dirty
 podman build --network host --build-arg "BASE=$BASE" --build-arg "GIT_COMMIT=$commit" \
   "${extra[@]}" \
-  -f envs/cpu.Containerfile -t "$IMAGE" .
+  -f "envs/$KIND.Containerfile" -t "$IMAGE" .
 # Each rebuild leaves the previous image untagged; keep the layer cache from growing.
 podman image prune --force > /dev/null

@@ -1,4 +1,8 @@
+import subprocess
+from pathlib import Path
+
 import pytest
+from test_workflow import copy_workflow, snakemake
 
 from decodelab import models
 
@@ -16,3 +20,18 @@ def tiny_pair(tmp_path_factory) -> tuple[str, str]:
                           "distill": 1.0}
     models.prepare(draft, root / "draft", teacher_dir=root / "target")
     return str(root / "target"), str(root / "draft")
+
+
+@pytest.fixture(scope="session")
+def default_dag(tmp_path_factory) -> Path:
+    """The default DAG run once to the PDF in a copy of the workflow (minutes): every e2e test
+    reads this one run and changes nothing in it."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("default-dag"))
+    snakemake(workdir)
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def default_report(default_dag) -> subprocess.CompletedProcess:
+    """`make report` on the default run: results/report.html and what Snakemake said."""
+    return snakemake(default_dag, "--report", "results/report.html")

@@ -97,7 +97,7 @@ def test_import_refuses_to_overwrite_without_replace(tmp_path):
 
 @pytest.mark.parametrize("name", ["reference", "combined", "paper", "a/b", "", "my host"])
 def test_import_refuses_reserved_or_odd_host_names(tmp_path, name):
-    with pytest.raises(DecodelabError, match="not usable"):
+    with pytest.raises(DecodelabError, match="not a usable name"):
         hosts.import_host(host_dir(tmp_path / "src"), name, tmp_path / "results")
 
 

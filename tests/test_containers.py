@@ -240,10 +240,11 @@ def test_slurm_profile_sets_cluster_and_the_executor():
     assert (ROOT / profile["slurm-partition-config"]).is_file()
 
 
-# --- A real CPU job inside the CPU image (Podman) ---------------------------------------------
+# --- A real CPU job inside the CPU image and the CUDA image (Podman) --------------------------
 
 PODMAN_CONF = ROOT / "envs/podman/containers.conf"
 LOCAL_IMAGE = "localhost/decodelab-cpu:local"
+CUDA_IMAGE = "localhost/decodelab-cuda:local"
 TINY_MODEL = {"source": "init", "preset": "gpt2-tiny", "seed": 1}
 TINY_SWEEP = {"budgets": [4, 8], "prompt_lengths": [8], "dtype": "float32", "inner_repeats": 1,
               "warmup": 1, "seed": 1}
@@ -275,6 +276,18 @@ def cpu_image() -> str:
     return LOCAL_IMAGE
 
 
+@pytest.fixture(scope="module")
+def cuda_image() -> str:
+    """Built only by `make cuda-image` (GBs of CUDA wheels): taken as it is, never built here."""
+    reason = why_no_podman()
+    if reason:
+        pytest.skip(reason)
+    exists = subprocess.run(["podman", "image", "exists", CUDA_IMAGE], env=podman_env())
+    if exists.returncode != 0:
+        pytest.skip(f"{CUDA_IMAGE} is not built (`make cuda-image` builds it)")
+    return CUDA_IMAGE
+
+
 def sweep_commands(models: str, out: str) -> list[list[str]]:
     return [
         ["decodelab", "prepare-model", "--spec", json.dumps(TINY_MODEL), "--threads", "1",
@@ -286,13 +299,15 @@ def sweep_commands(models: str, out: str) -> list[list[str]]:
 
 
 @pytest.mark.container
-def test_a_cpu_sweep_in_the_image_writes_the_hosts_schema(cpu_image, tmp_path):
+@pytest.mark.parametrize("kind", ["cpu", "cuda"])
+def test_a_cpu_sweep_in_the_image_writes_the_hosts_schema(kind, request, tmp_path):
+    image = request.getfixturevalue(f"{kind}_image")
     bindir = Path(sys.executable).parent
     for cmd in sweep_commands(str(tmp_path / "host-models"), str(tmp_path / "host.parquet")):
         subprocess.run([str(bindir / cmd[0]), *cmd[1:]], check=True, capture_output=True)
     for cmd in sweep_commands("models", "container.parquet"):
         run = subprocess.run(["podman", "run", "--rm", "--network", "none",
-                              "-v", f"{tmp_path}:/work", "-w", "/work", cpu_image, *cmd],
+                              "-v", f"{tmp_path}:/work", "-w", "/work", image, *cmd],
                              capture_output=True, text=True, env=podman_env(), timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
 
@@ -301,10 +316,13 @@ def test_a_cpu_sweep_in_the_image_writes_the_hosts_schema(cpu_image, tmp_path):
     host_rows, inside_rows = pd.read_parquet(host), pd.read_parquet(inside)
     assert inside_rows.dtypes.to_dict() == host_rows.dtypes.to_dict()
     assert len(inside_rows) == len(host_rows) > 0
-    same = ["torch", "transformers", "backend", "config_hash", "budget", "tokens_generated"]
+    same = ["transformers", "backend", "config_hash", "budget", "tokens_generated"]
     pd.testing.assert_frame_equal(inside_rows.sort_values("budget")[same].reset_index(drop=True),
                                   host_rows.sort_values("budget")[same].reset_index(drop=True))
     assert inside_rows["git_commit"].iloc[0] != "unknown"
+    version, _, build = inside_rows["torch"].iloc[0].partition("+")  # 2.13.0+cpu, 2.13.0+cu130
+    assert version == host_rows["torch"].iloc[0].partition("+")[0]
+    assert build.startswith("cu" if kind == "cuda" else "cpu"), build
 
 
 @pytest.mark.container

@@ -71,7 +71,7 @@ def test_init_writes_a_loadable_hf_dir(tmp_path, preset):
     models.prepare(init_spec(preset), out)
     assert (out / "config.json").is_file()
     assert (out / "model.safetensors").is_file()
-    assert not (tmp_path / "m.partial").exists()
+    assert not models.partial_dir(tmp_path / "m").exists()
     model = models.load(out, "cpu")
     assert model.config.model_type == TINY[preset]
     assert not model.training
@@ -179,7 +179,7 @@ def test_local_without_config_names_the_path(tmp_path):
         models.prepare({"source": "local", "path": str(src)}, tmp_path / "m")
     assert "config.json" in str(err.value)
     assert not (tmp_path / "m").exists()
-    assert not (tmp_path / "m.partial").exists()
+    assert not models.partial_dir(tmp_path / "m").exists()
 
 
 def test_local_materialises_a_loadable_copy(tmp_path, tiny_dir):
@@ -313,8 +313,9 @@ def test_hf_offline_missing_revision_or_repo_points_to_init_and_local(tmp_path, 
         assert "source: local" in message
         assert not result["chained"], "the hub's exception should not be chained"
         assert result["traceback_lines"] < 10
-    for name in ("a", "a.partial", "b", "b.partial"):
+    for name in ("a", "b"):
         assert not (tmp_path / name).exists()
+        assert not models.partial_dir(tmp_path / name).exists()
 
 
 def test_hf_snapshot_without_safetensors_is_refused(tmp_path, tiny_dir):
@@ -331,4 +332,4 @@ def test_hf_snapshot_without_safetensors_is_refused(tmp_path, tiny_dir):
     assert result["ok"] is False
     assert "safetensors" in result["message"]
     assert not (tmp_path / "m").exists()
-    assert not (tmp_path / "m.partial").exists()
+    assert not models.partial_dir(tmp_path / "m").exists()

@@ -5,6 +5,7 @@ its measured numbers are in the issue note, not here.
 """
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,7 @@ def test_prepare_writes_a_loadable_dir_and_manifest(pair):
     target, _ = pair
     for name in ("config.json", "model.safetensors", "tokenizer.json", models.MANIFEST):
         assert (target / name).is_file()
-    assert not target.with_name("target.partial").exists()
+    assert not models.partial_dir(target).exists()
     model = models.load(target, "cpu")
     assert model.config.model_type == "gpt2" and model.config.n_layer == TINY["n_layer"]
     tok = AutoTokenizer.from_pretrained(target)
@@ -212,10 +213,22 @@ def test_heldout_prompts_are_deterministic_and_heldout(pair):
         assert any(tok.decode(prompt) in text for text in held_texts)
 
 
-def test_heldout_prompts_need_a_train_model(tmp_path):
+def test_an_init_model_gets_seeded_random_prompts_in_its_vocabulary(tmp_path):
     models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, tmp_path / "m")
-    with pytest.raises(DecodelabError, match="train"):
-        T.heldout_prompts(tmp_path / "m", 1, 8, 0)
+    prompts = T.heldout_prompts(tmp_path / "m", 3, 8, 0)
+    assert prompts == T.heldout_prompts(tmp_path / "m", 3, 8, 0)
+    assert prompts != T.heldout_prompts(tmp_path / "m", 3, 8, 1)
+    assert [len(p) for p in prompts] == [8, 8, 8]
+    assert all(0 <= t < 8192 for p in prompts for t in p)
+
+
+def test_a_pretrained_model_gets_heldout_text_through_its_own_tokenizer(pair, tmp_path):
+    local = Path(shutil.copytree(pair[0], tmp_path / "local"))
+    models.write_manifest(local, source="local", path=str(pair[0]))
+    tok = AutoTokenizer.from_pretrained(local)
+    held_texts = T.texts(T.split(T.corpus_files(T.PROMPT_CORPUS_MB))[1])
+    for prompt in T.heldout_prompts(local, n=3, length=16, seed=0):
+        assert any(tok.decode(prompt) in text for text in held_texts)
 
 
 # spec errors
@@ -238,7 +251,7 @@ def test_bad_spec_names_the_key(tmp_path, change, key):
     spec = {k: v for k, v in (TINY | change).items() if v is not None}
     with pytest.raises(DecodelabError, match=repr(key)):
         models.prepare(spec, tmp_path / "m")
-    assert not (tmp_path / "m").exists() and not (tmp_path / "m.partial").exists()
+    assert not (tmp_path / "m").exists() and not models.partial_dir(tmp_path / "m").exists()
 
 
 def test_draft_vocab_must_match_the_teacher(pair, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_artifact import host_dir
 
 from decodelab.devices import backend_available
 
@@ -122,8 +123,8 @@ def test_missing_backend_is_skipped_or_an_error_with_strict(workdir):
 
 
 @pytest.mark.e2e
-def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(workdir):
-    snakemake(workdir)
+def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, default_report):
+    workdir = default_dag
     pdf = workdir / "results/paper/paper.pdf"
     assert pdf.stat().st_size > 20_000
     log = (workdir / "results/paper/build/paper.log").read_text(errors="replace")
@@ -143,8 +144,7 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(workdir):
                      "verification_figures", "reference_comparison", "merge_hosts", "settings",
                      "paper", "all"}
 
-    report = snakemake(workdir, "--report", "results/report.html")
-    added = set(re.findall(r"Adding (\S+) \(", report.stderr + report.stdout))
+    added = set(re.findall(r"Adding (\S+) \(", default_report.stderr + default_report.stdout))
     assert {f"{fig}.png" for fig in included} | {"paper.pdf", "benchmarks.csv"} <= added
     bench = (workdir / "results/combined/stats/benchmarks.csv").read_text()
     assert re.search(r"^prepare_model,5,5,", bench, re.M)  # every measuring rule benchmarked
@@ -226,10 +226,7 @@ def decodelab(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def other_host(root: Path) -> Path:
-    for name in ("environment", "latency", "kv_speedup", "regimes", "skipped"):
-        (root / "stats").mkdir(parents=True, exist_ok=True)
-        (root / "stats" / f"{name}.csv").write_text("host,backend\nmac,mps\n")
-    return root
+    return host_dir(root, backends=("mps",), pairs=("mps-mps",))
 
 
 def test_importing_a_host_plans_only_downstream_rules(finished, tmp_path):

@@ -18,6 +18,8 @@ def prepare_model(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     models.prepare(json.loads(args.spec), args.out, teacher_dir=args.teacher_dir)
+    if args.positions_needed:
+        models.refuse_short_model(args.out, args.positions_needed)
 
 
 def require_backends(*backends: str) -> None:
@@ -36,14 +38,14 @@ def sweep(args):
     import torch
 
     from . import sweep as sw
-    from .io import write_table
+    from .io import write_raw
 
     require_backends(args.backend)
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = json.loads(args.spec)
     df = sw.run(args.model_dir, args.model, args.backend, spec, args.repeat, args.experiment)
-    write_table(df, args.out)
+    write_raw(df, args.out, *sw.expected_rows(spec, args.experiment))
 
 
 def collect(args):
@@ -148,15 +150,14 @@ def speculative(args):
     import torch
 
     from . import study
-    from .io import write_table
+    from .io import write_raw
 
-    pair = json.loads(args.pair_spec)
+    pair, spec = json.loads(args.pair_spec), json.loads(args.spec)
     require_backends(pair["target_device"], pair["draft_device"])
     if args.threads:
         torch.set_num_threads(args.threads)
-    df = study.run(args.target_dir, args.draft_dir, args.pair, pair, json.loads(args.spec),
-                   args.repeat)
-    write_table(df, args.out)
+    df = study.run(args.target_dir, args.draft_dir, args.pair, pair, spec, args.repeat)
+    write_raw(df, args.out, *study.expected_rows(spec, pair))
 
 
 def parallelism(args):
@@ -164,29 +165,30 @@ def parallelism(args):
 
     from . import models, study
     from .devices import fingerprint
-    from .io import write_table
+    from .io import write_raw
 
     require_backends(args.backend)
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = json.loads(args.spec)
-    model = models.load(args.model_dir, args.backend, spec["dtype"])
+    model = models.load(args.model_dir, args.backend, spec["dtype"], role="target")
     df = study.parallelism(model, spec["ks"], spec["context"], spec["inner"],
                            spec["seed"] + args.repeat)
     meta = {"backend": args.backend, "model": args.model, "repeat": args.repeat,
             **fingerprint(args.backend, spec)}
-    write_table(df.assign(**meta), args.out)
+    write_raw(df.assign(**meta), args.out, *study.parallelism_rows(spec["ks"], spec["inner"]))
 
 
 def speculative_stats(args):
     import pandas as pd
 
     from . import stats
-    from .io import read_table, write_table
+    from .io import read_raw, write_table
 
     spec = json.loads(args.spec)
     ci = (spec["confidence"], spec["bootstrap_resamples"], spec["seed"])
-    runs = pd.concat([read_table(p) for p in args.runs], ignore_index=True)
+    runs = pd.concat([read_raw(p, "speculative") for p in args.runs], ignore_index=True)
+    par = pd.concat([read_raw(p, "parallelism") for p in args.parallelism], ignore_index=True)
     proc = stats.spec_per_process(runs)
     acceptance = stats.acceptance_table(proc, ci)
     speedup = stats.speedup_table(proc, ci)
@@ -195,7 +197,6 @@ def speculative_stats(args):
     write_table(speedup, out / "speculative_speedup.csv")
     write_table(stats.theory_table(proc, speedup, acceptance), out / "speculative_theory.csv")
     write_table(stats.hf_table(proc, runs, ci), out / "speculative_hf.csv")
-    par = pd.concat([read_table(p) for p in args.parallelism], ignore_index=True)
     write_table(stats.parallelism_table(par, ci), out / "speculative_parallelism.csv")
 
 
@@ -203,7 +204,7 @@ def verify(args):
     import torch
 
     from . import verify as vf
-    from .io import write_json
+    from .io import write_report
 
     spec = json.loads(args.spec)
     if args.threads:
@@ -216,15 +217,21 @@ def verify(args):
         pair = json.loads(args.pair_spec)
         require_backends(pair["target_device"], pair["draft_device"])
         out = vf.run_real(spec, args.pair, pair, args.target_dir, args.draft_dir, spec["seed"])
-    write_json(out, args.out)
+    write_report(out, args.out)
+
+
+def verify_rule(report: str) -> str:
+    """The rule that writes a report: verification/{exact,monte_carlo,real_<pair>}.json."""
+    stem = Path(report).stem
+    return "verify_real" if stem.startswith("real_") else f"verify_{stem}"
 
 
 def verification_stats(args):
     import pandas as pd
 
-    from .io import write_table
+    from .io import read_report, write_table
 
-    reports = [json.loads(Path(p).read_text()) for p in args.reports]
+    reports = [read_report(p, verify_rule(p)) for p in args.reports]
     out = Path(args.out)
     for key, name in [("results", "levels"), ("power", "power"), ("pvalues", "pvalues"),
                       ("tokens", "tokens"), ("greedy", "greedy")]:
@@ -294,10 +301,26 @@ def paper(args):
              Path(args.build_dir), Path(args.out))
 
 
+def positive_count(text: str) -> int:
+    """A positive count, of bytes or files: 1000, 64K, 512M, 2G (binary multiples)."""
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    try:
+        n = int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive count (e.g. 1000, 64K, 512M)")
+    return n
+
+
 def import_results(args):
     from . import hosts
 
-    dest = hosts.import_host(Path(args.source), args.host, Path(args.results), args.replace)
+    limits = {"max_bytes": args.max_bytes, "max_file_bytes": args.max_file_bytes,
+              "max_files": args.max_files}
+    bounds = hosts.Bounds(**{k: v for k, v in limits.items() if v is not None})
+    dest = hosts.import_host(Path(args.source), args.host, Path(args.results), args.replace,
+                             bounds)
     print(f"imported {args.source} as host {args.host!r} into {dest}; add it to 'hosts' in the "
           "config so that the paper merges it")
 
@@ -348,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", required=True, help="the model's config entry, as JSON")
     p.add_argument("--teacher-dir", help="the prepared teacher of a distilled draft")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    p.add_argument("--positions-needed", type=int, default=0,
+                   help="refuse (and remove) the model if its position table is shorter")
     p.add_argument("--out", required=True)
     p.set_defaults(func=prepare_model)
 
@@ -490,7 +515,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="that host's results/<host>/ directory, or a tarball of it")
     p.add_argument("--host", required=True, help="the name it gets here")
     p.add_argument("--results", default="results", help="the results directory")
-    p.add_argument("--replace", action="store_true", help="overwrite results/<host>/")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite results/<host>/ (only a host imported before)")
+    p.add_argument("--max-bytes", type=positive_count,
+                   help="bytes all the files may hold, a tarball's as declared (default 512M)")
+    p.add_argument("--max-file-bytes", type=positive_count,
+                   help="bytes one file may hold (default 64M)")
+    p.add_argument("--max-files", type=positive_count, help="files it may hold (default 10000)")
     p.set_defaults(func=import_results)
 
     p = verbs.add_parser("merge-hosts", help="every host's tables in one directory, per host")

@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from .devices import now
+from .models import require_finite
 from .sampling import sample, warp
 
 
@@ -61,13 +62,15 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: floa
 def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            generator: torch.Generator | None = None,
-           probe: Callable[[], float] | None = None) -> Decoded:
+           probe: Callable[[], float] | None = None, role: str = "model") -> Decoded:
     """Generate exactly `budget` tokens after `prompt` ([1, T] ids on the model's device).
-    `probe` (a device clock, say) is read after every step, outside the step's time."""
+    `probe` (a device clock, say) is read after every step, outside the step's time. NaN/inf
+    logits in the prefill or the last step stop it, checked after the last timestamp."""
     device = prompt.device
     cache = DynamicCache(config=model.config) if use_cache else None
     start = now(device)
-    token = next_token(forward_logits(model, prompt, cache), temperature, top_k, top_p, generator)
+    logits = prefill_logits = forward_logits(model, prompt, cache)
+    token = next_token(logits, temperature, top_k, top_p, generator)
     prefill_end = now(device)
     out = Decoded(tokens=[], prefill_s=prefill_end - start)
     generated = [token]
@@ -75,7 +78,8 @@ def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
     for _ in range(budget - 1):
         cpu = time.thread_time()
         ids = token if use_cache else torch.cat([prompt, *generated], dim=1)
-        token = next_token(forward_logits(model, ids, cache), temperature, top_k, top_p, generator)
+        logits = forward_logits(model, ids, cache)
+        token = next_token(logits, temperature, top_k, top_p, generator)
         out.launch_cpu_s.append(time.thread_time() - cpu)
         out.launch_s.append(time.perf_counter() - last)
         generated.append(token)
@@ -85,5 +89,7 @@ def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
         if probe is not None:
             out.probed.append(probe())
             last = time.perf_counter()
+    require_finite(torch.cat([prefill_logits, logits]), model, role,
+                   "in the prefill or the last decode step")
     out.tokens = torch.cat(generated, dim=1)[0].tolist()
     return out

@@ -395,7 +395,7 @@ def sample_tokens(target, draft, prompts: Sequence[Sequence[int]], n_tokens: int
         if method == "autoregressive":
             ids = torch.tensor([prompt], device=t_dev)
             out = decode(target, ids, budget, temperature=1.0,
-                         generator=_generator(t_dev, s_target)).tokens
+                         generator=_generator(t_dev, s_target), role="target").tokens
         else:
             out = generate(target, draft, prompt, budget, k, Sampling(temperature=1.0),
                            _generator(device_of(draft), s_draft), _generator(t_dev, s_target),
@@ -516,7 +516,7 @@ def greedy_agreement(target, draft, prompts: Sequence[Sequence[int]], budget: in
     divergences = []
     for i, prompt in enumerate(prompts):
         prompt = list(prompt)
-        ar = decode(target, torch.tensor([prompt], device=t_dev), budget).tokens
+        ar = decode(target, torch.tensor([prompt], device=t_dev), budget, role="target").tokens
         spec = generate(target, draft, prompt, budget, k).tokens
         if spec == ar:
             continue

@@ -951,6 +951,13 @@ def trained_pair(models: pd.DataFrame, settings: dict, pair: str | None) -> bool
                for r in headline_models(settings, pair))
 
 
+def init_pair_models(models: pd.DataFrame, settings: dict) -> list[str]:
+    """Models with random weights (`init`) that a requested pair drafts or verifies with."""
+    named = dict.fromkeys(m for p in requested_pairs(settings).values()
+                          for m in (p.get("draft"), p.get("target")) if m)
+    return [m for m in named if model_field(models, m, "source") == "init"]
+
+
 def distilled_pair(models: pd.DataFrame, settings: dict, pair: str | None) -> bool:
     """The draft names the target as its teacher."""
     target, draft = headline_models(settings, pair)
@@ -967,7 +974,8 @@ def speculative_macros(t: dict[str, pd.DataFrame] | None, models: pd.DataFrame, 
     pair = best_pair(tables["speedup"])
     macros = {**seed_macros(), **spec_settings_macros(settings),
               **spec_pair_macros(tables, settings, env), **spec_result_macros(tables, settings),
-              **spec_model_macros(models, settings, pair)}
+              **spec_model_macros(models, settings, pair),
+              "SpecInitModels": human_list([tt(m) for m in init_pair_models(models, settings)])}
     hf = tables["hf"]
     flags = {
         "SpecParallelRan": len(tables["parallelism"]) > 0,
@@ -976,6 +984,7 @@ def speculative_macros(t: dict[str, pd.DataFrame] | None, models: pd.DataFrame, 
         "SpecAnySkipped": macros["SpecNumPairsSkipped"] != "0",
         "SpecTrainedPair": trained_pair(models, settings, pair),
         "SpecDraftDistilled": distilled_pair(models, settings, pair),
+        "SpecInitPair": bool(init_pair_models(models, settings)),
     }
     return macros, flags
 

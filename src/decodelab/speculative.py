@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from .decode import cache_kwarg
 from .devices import now
 from .errors import DecodelabError
+from .models import require_finite
 from .sampling import greedy_accept, sample, speculative_accept, warp
 
 
@@ -83,14 +84,16 @@ def pending(seq: list[int], cache: DynamicCache, device) -> torch.Tensor:
 
 
 def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
-            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """K draft tokens and the distributions they were drawn from ([K], [K, V])."""
+            generator: torch.Generator | None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """K draft tokens, the distributions they were drawn from ([K], [K, V]), and the draft's
+    logits for the first of them ([V]; None when K = 0)."""
     if k == 0:
         vocab = draft.get_output_embeddings().out_features
         return (torch.empty(0, dtype=torch.long, device=ids.device),
-                torch.empty(0, vocab, device=ids.device))
+                torch.empty(0, vocab, device=ids.device), None)
     tokens, probs = [], []
-    logits = feed(draft, cache, ids)[-1]
+    logits = first = feed(draft, cache, ids)[-1]
     for i in range(k):
         q = warp(logits, s.temperature, s.top_k, s.top_p)
         token = q.argmax(-1, keepdim=True) if s.greedy else sample(q, generator).reshape(1)
@@ -98,18 +101,33 @@ def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
         probs.append(q)
         if i < k - 1:
             logits = feed(draft, cache, token)[-1]
-    return torch.cat(tokens), torch.stack(probs)
+    return torch.cat(tokens), torch.stack(probs), first
 
 
 def verify(target, cache: DynamicCache, ids: torch.Tensor, draft_tokens: torch.Tensor,
            draft_probs: torch.Tensor, s: Sampling, generator: torch.Generator | None,
-           accept=speculative_accept) -> tuple[int, int]:
+           accept=speculative_accept) -> tuple[int, int, torch.Tensor]:
+    """(accepted draft tokens, the next token, the target's logits at the K+1 positions)."""
     k = len(draft_tokens)
     logits = feed(target, cache, torch.cat([ids, draft_tokens]))[-(k + 1):]
     if s.greedy:
-        return greedy_accept(logits, draft_tokens)
+        return (*greedy_accept(logits, draft_tokens), logits)
     p = warp(logits, s.temperature, s.top_k, s.top_p)
-    return accept(p, draft_probs.to(p.device), draft_tokens, generator)
+    return (*accept(p, draft_probs.to(p.device), draft_tokens, generator), logits)
+
+
+def keep_ends(kept: list, logits: torch.Tensor | None) -> None:
+    """Keep the first and the latest logits of a model (no device work: a reference)."""
+    if logits is not None:
+        kept[1:] = [logits]
+
+
+def check_finite(by_role: dict, kept: dict) -> None:
+    """NaN/inf in the kept logits of either model stops the run: a few reductions and host
+    syncs per sequence, after its last timestamp."""
+    for role, model in by_role.items():
+        for logits in kept[role]:
+            require_finite(logits, model, role, "in a speculative block")
 
 
 @torch.inference_mode()
@@ -124,18 +142,21 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     t_cache, d_cache = DynamicCache(config=target.config), DynamicCache(config=draft.config)
     seq = list(prompt)
     out = Result(tokens=[])
+    kept = {"target": [], "draft": []}  # first and latest logits, checked after timing
     now(d_dev)
     start = now(t_dev)
     while len(seq) - len(prompt) < budget:
         k_now = min(k, budget - (len(seq) - len(prompt)) - 1)  # never emit past the budget
         t0 = now(d_dev)
-        draft_tokens, draft_probs = propose(draft, d_cache, pending(seq, d_cache, d_dev), k_now,
-                                            s, draft_generator)
+        draft_tokens, draft_probs, draft_logits = propose(
+            draft, d_cache, pending(seq, d_cache, d_dev), k_now, s, draft_generator)
         t1 = now(d_dev)
         draft_tokens = draft_tokens.to(t_dev)
-        n, nxt = verify(target, t_cache, pending(seq, t_cache, t_dev), draft_tokens, draft_probs,
-                        s, target_generator, accept)
+        n, nxt, target_logits = verify(target, t_cache, pending(seq, t_cache, t_dev),
+                                       draft_tokens, draft_probs, s, target_generator, accept)
         t2 = now(t_dev)
+        keep_ends(kept["target"], target_logits)
+        keep_ends(kept["draft"], draft_logits)
         seq += draft_tokens[:n].tolist() + [nxt]
         rollback(t_cache, len(seq) - 1)
         rollback(d_cache, len(seq) - 1)
@@ -145,5 +166,6 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
         out.draft_s += t1 - t0
         out.verify_s += t2 - t1
     out.total_s = now(t_dev) - start
+    check_finite({"target": target, "draft": draft}, kept)
     out.tokens = seq[len(prompt):]
     return out

@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
+from .io import read_raw
+
 GRID = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache", "budget"]
 METRICS = ["total_s", "prefill_s", "decode_s", "decode_per_token_s"]
 ENVIRONMENT = ["host", "backend", "device_name", "cpu_model", "cpu_count", "ram_bytes", "os",
@@ -15,7 +17,7 @@ ENVIRONMENT = ["host", "backend", "device_name", "cpu_model", "cpu_count", "ram_
 
 
 def read_runs(paths: list[str | Path], host: str) -> pd.DataFrame:
-    runs = pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+    runs = pd.concat([read_raw(p, "sweep") for p in paths], ignore_index=True)
     runs.insert(0, "host", host)
     return runs
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 
 import pandas as pd
 import torch
@@ -39,11 +40,12 @@ def run_speculative(target, draft, prompt, cfg, spec, seed) -> dict:
             "tokens_per_call": out.tokens_per_call, "draft_forwards": out.draft_forwards}
 
 
-def run_autoregressive(model, prompt, cfg, spec, seed) -> dict:
+def run_autoregressive(model, prompt, cfg, spec, seed, role) -> dict:
     s = sampling_for(cfg["mode"], spec)
     ids = torch.tensor([prompt], device=model.device)
     out = decode(model, ids, spec["budget"], use_cache=True, temperature=s.temperature,
-                 top_k=s.top_k, top_p=s.top_p, generator=generators(model.device.type, seed))
+                 top_k=s.top_k, top_p=s.top_p, generator=generators(model.device.type, seed),
+                 role=role)
     return {"tokens": out.tokens, "total_s": out.prefill_s + out.decode_s,
             "step_s": out.decode_s / max(len(out.step_s), 1), "target_calls": len(out.tokens)}
 
@@ -64,8 +66,9 @@ def run_hf_assisted(target, draft, prompt, cfg, spec, seed) -> dict:
 
 METHODS = {
     "speculative": lambda t, d, p, c, s, seed: run_speculative(t, d, p, c, s, seed),
-    "autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(t, p, c, s, seed),
-    "draft_autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(d, p, c, s, seed),
+    "autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(t, p, c, s, seed, "target"),
+    "draft_autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(d, p, c, s, seed,
+                                                                           "draft"),
     "hf_assisted": lambda t, d, p, c, s, seed: run_hf_assisted(t, d, p, c, s, seed),
 }
 
@@ -83,9 +86,17 @@ def make_grid(spec: dict, same_device: bool) -> list[dict]:
     return grid
 
 
+def expected_rows(spec: dict, pair: dict) -> tuple[int, str]:
+    """How many rows one process writes, and what they are made of: its raw file's stamp."""
+    grid = make_grid(spec, pair["target_device"] == pair["draft_device"])
+    methods = ", ".join(f"{n} {m}" for m, n in Counter(c["method"] for c in grid).items())
+    return len(grid), (f"K in {list(spec['ks'])} x modes {list(spec['modes'])} x "
+                       f"{spec['prompts']} prompts: {methods}")
+
+
 def load_pair(target_dir, draft_dir, pair: dict):
-    target = models.load(target_dir, pair["target_device"], pair["dtype"])
-    draft = models.load(draft_dir, pair["draft_device"], pair["dtype"])
+    target = models.load(target_dir, pair["target_device"], pair["dtype"], role="target")
+    draft = models.load(draft_dir, pair["draft_device"], pair["dtype"], role="draft")
     check_vocab(target, draft)
     return target, draft
 
@@ -111,6 +122,11 @@ def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: dict,
     return pd.DataFrame([{**meta, **row} for row in rows])
 
 
+def parallelism_rows(ks: list[int], inner: int) -> tuple[int, str]:
+    """How many rows one parallelism process writes, and what they are made of."""
+    return (len(ks) + 1) * inner, f"1 and K+1 tokens for K in {list(ks)} x {inner} inner repeats"
+
+
 @torch.inference_mode()
 def parallelism(model, ks: list[int], context: int, inner: int, seed: int) -> pd.DataFrame:
     """Target forward time on K+1 tokens over its time on 1 token at the same context length."""
@@ -119,13 +135,14 @@ def parallelism(model, ks: list[int], context: int, inner: int, seed: int) -> pd
     ctx = torch.randint(0, model.config.vocab_size, (context + max(ks) + 1,), generator=gen)
     ctx = ctx.to(device)
     cache = DynamicCache(config=model.config)
-    feed(model, cache, ctx[:context])
+    models.require_finite(feed(model, cache, ctx[:context]), model, "target", "on the context")
     trials = [n for n in [1, *[k + 1 for k in ks]] for _ in range(inner)]
     random.Random(seed).shuffle(trials)
     rows = []
     for n in [1, 2, *trials]:  # the first two calls warm up
         start = now(device)
-        feed(model, cache, ctx[context:context + n])
+        logits = feed(model, cache, ctx[context:context + n])
         rows.append({"tokens": n, "seconds": now(device) - start})
         rollback(cache, context)
+    models.require_finite(logits, model, "target", "in the last timed pass")
     return pd.DataFrame(rows[2:]).assign(context=context)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Iterable
 
@@ -11,7 +12,6 @@ import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
-from transformers import AutoConfig
 
 from . import models
 from .decode import decode
@@ -95,11 +95,24 @@ def dtypes(spec: dict) -> list[str]:
     return [spec["dtype"]] if isinstance(spec["dtype"], str) else list(spec["dtype"])
 
 
+def caches_of(experiment: str) -> list[bool]:
+    return [True, False] if experiment == "ablation" else [True]
+
+
+def expected_rows(spec: dict, experiment: str) -> tuple[int, str]:
+    """How many rows one process writes, and what they are made of: its raw file's stamp."""
+    sizes = {"budget": len(spec["budgets"]), "prompt length": len(spec["prompt_lengths"]),
+             "dtype": len(dtypes(spec)), "cache setting": len(caches_of(experiment)),
+             "inner repeat": spec["inner_repeats"]}
+    made_of = " x ".join(f"{n} {name}{'s' * (n != 1)}" for name, n in sizes.items())
+    return math.prod(sizes.values()), f"{experiment}: {made_of}"
+
+
 def run(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
         experiment: str, progress: bool = True) -> pd.DataFrame:
     """Measure the whole grid of `spec` once per dtype, in this process; one row per
     configuration."""
-    check_positions(AutoConfig.from_pretrained(model_dir), spec["budgets"],
+    check_positions(models.check_model_dir(model_dir, f"model {model_name!r}"), spec["budgets"],
                     spec["prompt_lengths"], model_name)
     set_sdp_backends(spec.get("sdp_backends"))
     return pd.concat([run_dtype(model_dir, model_name, backend, {**spec, "dtype": dtype}, repeat,
@@ -109,7 +122,7 @@ def run(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
 
 def run_dtype(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
               experiment: str, index: int, progress: bool) -> pd.DataFrame:
-    caches = [True, False] if experiment == "ablation" else [True]
+    caches = caches_of(experiment)
     manifest = models.read_manifest(model_dir)
     model = models.load(model_dir, backend, spec["dtype"])
     vocab = model.config.vocab_size

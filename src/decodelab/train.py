@@ -243,8 +243,9 @@ def objective(spec: dict) -> str:
 
 
 def train(model: torch.nn.Module, data: torch.Tensor, spec: dict,
-          teacher: torch.nn.Module | None = None) -> list[float]:
-    """AdamW on random windows; returns the loss of every step."""
+          teacher: torch.nn.Module | None = None, label: str = "train model") -> list[float]:
+    """AdamW on random windows; returns the loss of every step. A NaN/inf loss stops it (the
+    loss is read back every step anyway), naming `label` and the step."""
     gen = torch.Generator().manual_seed(spec["seed"])
     opt = optimizer(model, spec["lr"])
     distill = float(spec.get("distill", 0.0))
@@ -266,6 +267,11 @@ def train(model: torch.nn.Module, data: torch.Tensor, spec: dict,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
+        if not math.isfinite(losses[-1]):
+            raise DecodelabError(
+                f"{label}: training loss is {losses[-1]} (non-finite, NaN/inf) at step "
+                f"{step + 1} of {spec['steps']}; nothing was saved. Lower 'lr' (now "
+                f"{spec['lr']:g})" + (", or check the teacher" if teacher is not None else ""))
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     model.eval()
     return losses
@@ -312,12 +318,10 @@ def acceptance(target: torch.nn.Module, draft: torch.nn.Module,
 # the source
 
 
-def load_teacher(teacher_dir: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+def load_teacher(teacher_dir: Path, device: str) -> torch.nn.Module:
+    from .models import load
 
-    if not (teacher_dir / "config.json").is_file():
-        raise DecodelabError(f"teacher directory {str(teacher_dir)!r} has no config.json")
-    return AutoModelForCausalLM.from_pretrained(teacher_dir, use_safetensors=True).eval()
+    return load(teacher_dir, device, "float32", role="teacher")
 
 
 def training_device(spec: dict) -> str:
@@ -331,8 +335,10 @@ def training_device(spec: dict) -> str:
     return device
 
 
-def prepare_train(out: Path, spec: dict, teacher_dir: Path | None) -> None:
-    """Train a GPT-2 LM (and its tokenizer, unless a teacher lends its own) into `out`."""
+def prepare_train(out: Path, spec: dict, teacher_dir: Path | None,
+                  label: str = "train model") -> None:
+    """Train a GPT-2 LM (and its tokenizer, unless a teacher lends its own) into `out`; `label`
+    names it in errors."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .models import count_parameters, read_manifest, write_manifest
@@ -348,13 +354,13 @@ def prepare_train(out: Path, spec: dict, teacher_dir: Path | None) -> None:
     teacher = None
     if teacher_dir is not None:
         copy_tokenizer(teacher_dir, out)
-        tokenizer = AutoTokenizer.from_pretrained(out)
+        tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=False)
         # A small corpus can leave a tokenizer short of its vocab_size: compare specs.
         vocab = read_manifest(teacher_dir).get("spec", {}).get("vocab_size", len(tokenizer))
         if vocab != spec["vocab_size"]:
             raise DecodelabError(f"train model spec: key 'vocab_size' ({spec['vocab_size']}) "
                                  f"differs from the teacher's ({vocab})")
-        teacher = load_teacher(teacher_dir).to(device)
+        teacher = load_teacher(teacher_dir, device)
     else:
         tokenizer = train_tokenizer(train_texts, spec["vocab_size"])
         tokenizer.save_pretrained(out)
@@ -363,9 +369,10 @@ def prepare_train(out: Path, spec: dict, teacher_dir: Path | None) -> None:
     heldout = token_stream(encode(tokenizer, held_texts), eot)
 
     torch.manual_seed(spec["seed"])
-    model = AutoModelForCausalLM.from_config(gpt2_config(spec, tokenizer)).to(device)
+    model = AutoModelForCausalLM.from_config(gpt2_config(spec, tokenizer),
+                                             trust_remote_code=False).to(device)
     train_start = time.perf_counter()
-    losses = train(model, data, spec, teacher)
+    losses = train(model, data, spec, teacher, label)
     train_seconds = time.perf_counter() - train_start
 
     windows = eval_windows(heldout, spec["n_positions"])
@@ -393,32 +400,42 @@ def prepare_train(out: Path, spec: dict, teacher_dir: Path | None) -> None:
     write_manifest(out, **info)
 
 
-def heldout_prompts(model_dir: str | Path, n: int, length: int, seed: int) -> list[list[int]]:
-    """n prompts of `length` token ids from held-out files, drawn deterministically by seed.
+PROMPT_CORPUS_MB = 8.0  # held-out files for a model that was not trained here
 
-    The split is re-derived with the corpus rules and the model's own tokenizer; a prompt lies
-    inside one file, so it never straddles an end-of-text.
+
+def heldout_prompts(model_dir: str | Path, n: int, length: int, seed: int) -> list[list[int]]:
+    """n prompts of `length` token ids, drawn deterministically by seed.
+
+    A `train` model's come from its own held-out files (the split re-derived with the corpus
+    rules); a pretrained model with a tokenizer encodes the held-out files of this standard
+    library; an `init` model, which has neither tokenizer nor meaningful predictions, gets
+    seeded random ids in its vocabulary. A prompt lies inside one file, so it never straddles
+    an end-of-text.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from .models import read_manifest
 
     manifest = read_manifest(model_dir)
-    if manifest.get("source") != "train":
-        raise DecodelabError(f"{str(model_dir)!r} was not made by the `train` source; "
-                             "held-out prompts need its corpus")
-    files = corpus_files(manifest["spec"]["corpus_mb"])
-    if corpus_digest(files) != manifest["corpus"]["sha256"]:
-        import warnings
+    gen = torch.Generator().manual_seed(seed)
+    if not (Path(model_dir) / "tokenizer_config.json").is_file():
+        vocab = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).vocab_size
+        return torch.randint(vocab, (n, length), generator=gen).tolist()
+    if manifest.get("source") == "train":
+        files = corpus_files(manifest["spec"]["corpus_mb"])
+        if corpus_digest(files) != manifest["corpus"]["sha256"]:
+            import warnings
 
-        warnings.warn(f"the standard library here (Python {platform.python_version()}) is not "
-                      f"the corpus {model_dir} was trained on (Python {manifest['python']}); "
-                      "prompts come from the held-out files of this one", stacklevel=2)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            warnings.warn(f"the standard library here (Python {platform.python_version()}) is "
+                          f"not the corpus {model_dir} was trained on (Python "
+                          f"{manifest['python']}); prompts come from the held-out files of this "
+                          "one", stacklevel=2)
+    else:
+        files = corpus_files(PROMPT_CORPUS_MB)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     docs = [d for d in encode(tokenizer, texts(split(files)[1])) if len(d) >= length]
     if not docs:
         raise DecodelabError(f"no held-out file has {length} tokens; ask for shorter prompts")
-    gen = torch.Generator().manual_seed(seed)
     prompts = []
     for _ in range(n):
         doc = docs[int(torch.randint(len(docs), (1,), generator=gen))]

@@ -99,8 +99,8 @@ def token_rows(test: dict, pair: str, sampler: str) -> list[dict]:
 
 def load_models(target_dir: str, draft_dir: str, device: str = "cpu",
                 draft_device: str | None = None, dtype: str = "float32"):
-    return (models.load(target_dir, device, dtype),
-            models.load(draft_dir, draft_device or device, dtype))
+    return (models.load(target_dir, device, dtype, role="target"),
+            models.load(draft_dir, draft_device or device, dtype, role="draft"))
 
 
 def run_exact(spec: dict, target_dir: str, draft_dir: str, seed: int) -> dict:

@@ -1,24 +1,31 @@
 # Artifact evaluation: this run against committed reference runs, the benchmark summary, and the
 # merge of every host's tables (this one and those in config 'hosts') for the paper and report.
 
+
 rule reference_comparison:
     input:
         stats=expand(
             "results/{{host}}/stats/{table}.csv",
-            table=["environment", "latency", "kv_speedup", "speculative_speedup",
-                   "speculative_acceptance", "verification_levels"],
+            table=[
+                "environment",
+                "latency",
+                "kv_speedup",
+                "speculative_speedup",
+                "speculative_acceptance",
+                "verification_levels",
+            ],
         ),
         references=reference_tables,
     output:
         "results/{host}/stats/reference_comparison.csv",
-    params:
-        stats=lambda wc, input: os.path.dirname(input.stats[0]),
+    log:
+        "logs/{host}/reference_comparison.log",
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/reference_comparison.log",
+    params:
+        stats=lambda wc, input: os.path.dirname(input.stats[0]),
     shell:
         "decodelab compare-reference --stats {params.stats} --references results/reference"
         " --out {output} 2> {log}"
@@ -29,14 +36,14 @@ rule benchmark_summary:
         measured_outputs,
     output:
         "results/{host}/stats/benchmarks.csv",
-    params:
-        files=lambda wc: " ".join(benchmark_files(wc)),
+    log:
+        "logs/{host}/benchmark_summary.log",
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/benchmark_summary.log",
+    params:
+        files=lambda wc: " ".join(benchmark_files(wc)),
     shell:
         "decodelab benchmarks --out {output} {params.files} 2> {log}"
 
@@ -55,17 +62,17 @@ rule merge_hosts:
             )
             for table in PAPER_TABLES
         ],
+    log:
+        "logs/merge_hosts.log",
+    conda:
+        "../../envs/decodelab.yaml"
+    container:
+        job_container
     params:
         local=HOST,
         hosts=" ".join(f"{h}=results/{h}" for h in [HOST, *IMPORTED]),
         tables=" ".join(PAPER_TABLES),
         out=lambda wc, output: os.path.dirname(output[0]),
-    conda:
-        "../../envs/decodelab.yaml"
-    container:
-        job_container
-    log:
-        "logs/merge_hosts.log",
     shell:
         "decodelab merge-hosts --local {params.local} --out {params.out} --tables {params.tables}"
         " --hosts {params.hosts} 2> {log}"

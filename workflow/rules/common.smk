@@ -1,9 +1,9 @@
-# Shared helpers: host, backends that run here and those skipped, job settings as CLI arguments.
+# Shared helpers: backends that run here and those skipped, position tables, job settings as CLI
+# arguments. The host and the names were checked before (names.smk).
 import json
 import os
 import re
 import shlex
-import socket
 import sys
 from pathlib import Path
 
@@ -11,13 +11,14 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
 from decodelab.devices import backend_available, why_unavailable
-from decodelab.hosts import REQUIRED, RESERVED
-from decodelab.models import PRESETS, max_positions, preset_config
-
-
-def this_host():
-    name = config.get("host") or socket.gethostname().split(".")[0]
-    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
+from decodelab.errors import DecodelabError
+from decodelab.models import (
+    PRESETS,
+    declared_positions,
+    max_positions,
+    position_overrun,
+    preset_config,
+)
 
 
 def check_cluster_backends():
@@ -32,12 +33,14 @@ def check_cluster_backends():
 
 def planned_here(backend):
     """Plan a backend's jobs: present here, assumed by config, or on a cluster's nodes."""
-    return (backend_available(backend) or backend in config["assume_available"]
-            or config["cluster"] == "slurm")
+    return (
+        backend_available(backend)
+        or backend in config["assume_available"]
+        or config["cluster"] == "slurm"
+    )
 
 
 check_cluster_backends()
-HOST = this_host()
 BACKENDS = [b for b in config["backends"] if planned_here(b)]
 SKIPPED = [b for b in config["backends"] if b not in BACKENDS]
 for _b in SKIPPED:
@@ -62,71 +65,75 @@ if SPEC:
         (PAIRS if _devices <= set(BACKENDS) else SKIPPED_PAIRS)[_name] = _pair
 
 
-def check_model_names():
-    named = [("sweep.models", m) for m in MODELS]
-    named += [(f"models.{n}.teacher", s["teacher"]) for n, s in config["models"].items()
-              if "teacher" in s]
-    if SPEC:
-        named += [(f"speculative.pairs.{n}.{role}", p[role]) for n, p in SPEC["pairs"].items()
-                  for role in ("target", "draft")]
-    for key, name in named:
-        if name not in config["models"]:
-            raise WorkflowError(f"config '{key}': no model named {name!r} in 'models'")
-    for name in SWEEP.get("ablation_models", []):
-        if name not in MODELS:
-            raise WorkflowError(f"config 'sweep.ablation_models': {name!r} is not in sweep.models")
-
-
-check_model_names()
-
-
 def teacher_dir(wildcards):
     teacher = config["models"][wildcards.model].get("teacher")
     return f"results/models/{teacher}" if teacher else []
 
 
-def check_positions():
-    """Fail before any job when a budget would overrun a learned position table."""
-    longest = max(SWEEP["budgets"]) + max(SWEEP["prompt_lengths"])
+def position_needs():
+    """Model -> (tokens, why): the longest sequence any of its jobs builds."""
+    needs = {}
+
+    def need(model, tokens, why):
+        if tokens > needs.get(model, (0, ""))[0]:
+            needs[model] = (tokens, why)
+
+    budget, prompt = max(SWEEP["budgets"]), max(SWEEP["prompt_lengths"])
     for name in MODELS:
-        spec = config["models"][name]
-        if spec["source"] != "init":
-            continue
+        need(name, budget + prompt, f"config 'sweep' (budget {budget} + prompt length {prompt})")
+    k, par = max(SPEC["ks"]), SPEC["parallelism"]
+    spec_tokens = SPEC["prompt_len"] + SPEC["budget"] + k
+    spec_why = (
+        f"config 'speculative' (prompt_len {SPEC['prompt_len']} + budget "
+        f"{SPEC['budget']} + K {k})"
+    )
+    par_k = max(par["ks"])
+    par_why = f"config 'speculative.parallelism' (context {par['context']} + K {par_k} + 1)"
+    for pair in SPEC["pairs"].values():
+        need(pair["draft"], spec_tokens, spec_why)
+        need(pair["target"], spec_tokens, spec_why)
+        need(pair["target"], par["context"] + par_k + 1, par_why)  # only targets are timed
+    return needs
+
+
+def known_positions(name, spec):
+    """A model's learned positions as far as the DAG can know them: None for `hf` (its job
+    checks once downloaded) and for position schemes without a table (ALiBi)."""
+    if spec["source"] == "init":
         if spec["preset"] not in PRESETS:
             raise WorkflowError(
-                f"config 'models.{name}.preset': unknown preset {spec['preset']!r}; "
-                f"known: {', '.join(PRESETS)}"
+                f"config 'models.{name}.preset': unknown preset "
+                f"{spec['preset']!r}; known: {', '.join(PRESETS)}"
             )
-        limit = max_positions(preset_config(spec["preset"]))
-        if limit is not None and longest > limit:
+        return max_positions(preset_config(spec["preset"]))
+    if spec["source"] == "train":
+        return spec["n_positions"]
+    if spec["source"] == "local":
+        config_json = Path(spec["path"]).expanduser() / "config.json"
+        if not config_json.is_file():
             raise WorkflowError(
-                f"config 'sweep': the longest budget and prompt reach {longest} tokens, but model "
-                f"{name!r} ({spec['preset']}) has {limit} positions"
+                f"config 'models.{name}.path': {spec['path']!r} has no "
+                "config.json (expected a directory in Hugging Face format)"
             )
+        try:
+            return declared_positions(config_json)
+        except DecodelabError as err:
+            raise WorkflowError(f"config 'models.{name}.path': {err}") from None
+    return None
 
 
+def check_positions():
+    """Fail before any job when a sequence would overrun a learned position table."""
+    for name, spec in config["models"].items():
+        positions = known_positions(name, spec)
+        if name in POSITION_NEEDS:
+            problem = position_overrun(name, positions, *POSITION_NEEDS[name])
+            if problem:
+                raise WorkflowError(problem)
+
+
+POSITION_NEEDS = position_needs()
 check_positions()
-
-
-def check_speculative_positions():
-    """The study's longest sequence must fit the learned positions of trained models."""
-    par = SPEC["parallelism"]
-    longest = max(
-        SPEC["prompt_len"] + SPEC["budget"] + max(SPEC["ks"]),
-        par["context"] + max(par["ks"]) + 1,
-    )
-    for name, pair in SPEC["pairs"].items():
-        for role in ("target", "draft"):
-            limit = config["models"][pair[role]].get("n_positions")
-            if limit is not None and longest > limit:
-                raise WorkflowError(
-                    f"config 'speculative': sequences reach {longest} tokens (prompt, budget and"
-                    f" the largest K; or the parallelism context and K) but {role} {pair[role]!r} of"
-                    f" pair {name!r} has n_positions {limit}"
-                )
-
-
-check_speculative_positions()
 
 
 def as_arg(obj):
@@ -135,8 +142,18 @@ def as_arg(obj):
 
 
 REGIME_RULE_KEYS = ("window", "threshold", "consistency", "alpha")
-REGIME_DEPTH_TABLES = ["summary", "phases", "variance", "variance_summary", "memory",
-                       "changepoints", "changepoint_curves", "agreement", "kv_collapse", "onsets"]
+REGIME_DEPTH_TABLES = [
+    "summary",
+    "phases",
+    "variance",
+    "variance_summary",
+    "memory",
+    "changepoints",
+    "changepoint_curves",
+    "agreement",
+    "kv_collapse",
+    "onsets",
+]
 
 
 def regime_rule_spec():
@@ -164,8 +181,10 @@ def sweep_spec():
 
 SWEEP_BACKENDS = [b for b in SWEEP.get("backends", BACKENDS) if b in BACKENDS]
 if not SWEEP_BACKENDS:
-    raise WorkflowError(f"none of config 'sweep.backends' ({', '.join(SWEEP['backends'])}) is "
-                        f"available on this host ({HOST})")
+    raise WorkflowError(
+        f"none of config 'sweep.backends' ({', '.join(SWEEP['backends'])}) is "
+        f"available on this host ({HOST})"
+    )
 ABLATION_MODELS = SWEEP.get("ablation_models", MODELS)
 
 
@@ -194,8 +213,17 @@ def paper_settings():
 
 
 def speculative_spec():
-    keys = ("ks", "modes", "temperature", "top_k", "top_p", "prompts", "prompt_len", "budget",
-            "hf_assisted")
+    keys = (
+        "ks",
+        "modes",
+        "temperature",
+        "top_k",
+        "top_p",
+        "prompts",
+        "prompt_len",
+        "budget",
+        "hf_assisted",
+    )
     return {**{k: SPEC[k] for k in keys}, "seed": config["seed"]}
 
 
@@ -235,16 +263,6 @@ VERIFY = config["verification"]
 VERIFY_PAIRS = [p for p in VERIFY["pairs"] if p in PAIRS]
 # The exact level reads real (p, q) rows from the first configuration's models.
 VERIFY_MODELS = [SPEC["pairs"][VERIFY["pairs"][0]][role] for role in ("target", "draft")]
-
-
-def check_verification_pairs():
-    for name in VERIFY["pairs"]:
-        if name not in SPEC["pairs"]:
-            raise WorkflowError(f"config 'verification.pairs': no pair named {name!r} in "
-                                "'speculative.pairs'")
-
-
-check_verification_pairs()
 
 
 def verification_spec():
@@ -318,33 +336,6 @@ localrules:
     paper,
 
 
-# Other hosts: results imported with `decodelab import` into results/<host>/ that the paper
-# merges beside this host's. They are inputs, never outputs: only this host's rules match.
-IMPORTED = config.get("hosts", [])
-
-
-def check_hosts():
-    if HOST in RESERVED:
-        raise WorkflowError(f"host name {HOST!r} is reserved (results/{HOST} is not a host's); "
-                            "set 'host' in the config")
-    for host in IMPORTED:
-        if host == HOST or host in RESERVED:
-            raise WorkflowError(f"config 'hosts': {host!r} is this host or a reserved name")
-        missing = [f"results/{host}/stats/{t}.csv" for t in REQUIRED
-                   if not Path(f"results/{host}/stats/{t}.csv").is_file()]
-        if missing:
-            raise WorkflowError(f"config 'hosts' lists {host!r} but {', '.join(missing)} is "
-                                f"missing; import it first: decodelab import --from <dir or "
-                                f"tarball> --host {host}")
-
-
-check_hosts()
-
-
-wildcard_constraints:
-    host=re.escape(HOST),
-
-
 def imported_tables(wildcards):
     """The imported hosts' stats tables that exist: whatever their run produced."""
     return sorted(str(p) for host in IMPORTED for p in Path(f"results/{host}/stats").glob("*.csv"))
@@ -359,21 +350,31 @@ def benchmark_file(output):
 
 
 def measured_outputs(wildcards):
-    return (raw_runs(wildcards) + speculative_runs(wildcards) + parallelism_runs(wildcards)
-            + verification_reports(wildcards))
+    return (
+        raw_runs(wildcards)
+        + speculative_runs(wildcards)
+        + parallelism_runs(wildcards)
+        + verification_reports(wildcards)
+    )
 
 
 def benchmark_files(wildcards):
     """Every measuring job's benchmark file: the raw outputs' paths under benchmarks/."""
     return [benchmark_file(p) for p in measured_outputs(wildcards)] + [
-        f"benchmarks/prepare_model/{model}.tsv" for model in sorted(config["models"])]
+        f"benchmarks/prepare_model/{model}.tsv" for model in sorted(config["models"])
+    ]
 
 
 # Categories of the HTML report (`snakemake --report`) for the merged tables.
 REPORT_CATEGORY = {
-    "latency": "Decode regimes", "regimes": "Decode regimes", "kv_speedup": "KV cache",
-    "models": "Speculative", "benchmarks": "Benchmarks", "environment": "Hosts and reference",
-    "skipped": "Hosts and reference", "hosts": "Hosts and reference",
+    "latency": "Decode regimes",
+    "regimes": "Decode regimes",
+    "kv_speedup": "KV cache",
+    "models": "Speculative",
+    "benchmarks": "Benchmarks",
+    "environment": "Hosts and reference",
+    "skipped": "Hosts and reference",
+    "hosts": "Hosts and reference",
     "reference_comparison": "Hosts and reference",
 }
 

@@ -37,17 +37,17 @@ rule figures:
             category="Decode regimes",
             subcategory="{host}",
         ),
+    log:
+        "logs/{host}/figures.log",
     wildcard_constraints:
         host=FIGURE_HOSTS,
-    params:
-        stats=lambda wc, input: os.path.dirname(input[0]),
-        out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/figures.log",
+    params:
+        stats=lambda wc, input: os.path.dirname(input[0]),
+        out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab figures --stats {params.stats} --out {params.out} 2> {log}"
 
@@ -87,17 +87,17 @@ rule speculative_figures:
             category="Speculative",
             subcategory="{host}",
         ),
+    log:
+        "logs/{host}/speculative_figures.log",
     wildcard_constraints:
         host=FIGURE_HOSTS,
-    params:
-        stats=lambda wc, input: os.path.dirname(input[0]),
-        out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/speculative_figures.log",
+    params:
+        stats=lambda wc, input: os.path.dirname(input[0]),
+        out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab spec-figures --stats {params.stats} --out {params.out} 2> {log}"
 
@@ -123,16 +123,16 @@ rule verification_figures:
             category="Verification",
             subcategory="{host}",
         ),
+    log:
+        "logs/{host}/verification_figures.log",
     wildcard_constraints:
         host=FIGURE_HOSTS,
-    params:
-        stats=lambda wc, input: os.path.dirname(input[0]),
-        out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/verification_figures.log",
+    params:
+        stats=lambda wc, input: os.path.dirname(input[0]),
+        out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab verify-figures --stats {params.stats} --out {params.out} 2> {log}"

@@ -3,22 +3,23 @@ rule prepare_model:
         teacher=teacher_dir,
     output:
         directory("results/models/{model}"),
-    params:
-        spec=lambda wc: as_arg(config["models"][wc.model]),
-        teacher=lambda wc, input: f"--teacher-dir {input.teacher}" if input.teacher else "",
+    log:
+        "logs/prepare_model/{model}.log",
+    benchmark:
+        "benchmarks/prepare_model/{model}.tsv"
+    conda:
+        job_conda_env
+    container:
+        job_container
     threads: lambda wc: workflow.cores if config["models"][wc.model]["source"] == "train" else 1
     resources:
         gpu=lambda wc: int(config["models"][wc.model].get("device") == "cuda"),
         mps=lambda wc: int(config["models"][wc.model].get("device") == "mps"),
         gpu_model=job_gpu_model,
-    conda:
-        job_conda_env
-    container:
-        job_container
-    log:
-        "logs/prepare_model/{model}.log",
-    benchmark:
-        "benchmarks/prepare_model/{model}.tsv"
+    params:
+        spec=lambda wc: as_arg(config["models"][wc.model]),
+        teacher=lambda wc, input: f"--teacher-dir {input.teacher}" if input.teacher else "",
+        positions=lambda wc: POSITION_NEEDS.get(wc.model, (0, ""))[0],
     shell:
         "decodelab prepare-model --spec {params.spec} {params.teacher} --threads {threads}"
-        " --out {output} 2> {log}"
+        " --positions-needed {params.positions} --out {output} 2> {log}"

@@ -9,7 +9,16 @@ LOCAL_TABLES = (
     + ["reference_comparison", "benchmarks"]
 )
 PAPER_TABLES = LOCAL_TABLES + ["hosts"]
-PAPER_FIGURES = ["latency", "kv_speedup", "regime_depth", "changepoints", "acceptance", "speedup", "parallelism", "theory"] + [
+PAPER_FIGURES = [
+    "latency",
+    "kv_speedup",
+    "regime_depth",
+    "changepoints",
+    "acceptance",
+    "speedup",
+    "parallelism",
+    "theory",
+] + [
     "verification_tokens",
     "verification_pvalues",
 ]
@@ -18,14 +27,14 @@ PAPER_FIGURES = ["latency", "kv_speedup", "regime_depth", "changepoints", "accep
 rule settings:
     output:
         f"results/{HOST}/settings.json",
-    params:
-        spec=as_arg(paper_settings()),
+    log:
+        f"logs/{HOST}/settings.log",
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        f"logs/{HOST}/settings.log",
+    params:
+        spec=as_arg(paper_settings()),
     shell:
         "decodelab settings --spec {params.spec} --out {output} 2> {log}"
 
@@ -38,15 +47,15 @@ rule paper:
         figures=expand("results/combined/figures/{fig}.pdf", fig=PAPER_FIGURES),
     output:
         report("results/paper/paper.pdf", category="Paper", caption="../report/paper.rst"),
-    params:
-        stats=lambda wc, input: os.path.dirname(input.stats[0]),
-        figures=lambda wc, input: os.path.dirname(input.figures[0]),
+    log:
+        "logs/paper.log",
     conda:
         "../../envs/decodelab.yaml"
     container:
         None  # latexmk is on the host (`make tex`); the images carry no TeX
-    log:
-        "logs/paper.log",
+    params:
+        stats=lambda wc, input: os.path.dirname(input.stats[0]),
+        figures=lambda wc, input: os.path.dirname(input.figures[0]),
     shell:
         "decodelab paper --sources paper --stats {params.stats} --figures {params.figures}"
         " --settings {input.settings} --build-dir results/paper/build --out {output} > {log} 2>&1"

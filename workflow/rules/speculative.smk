@@ -8,25 +8,25 @@ rule speculative:
         draft=lambda wc: f"results/models/{PAIRS[wc.pair]['draft']}",
     output:
         "results/{host}/speculative/{pair}/rep{repeat}.parquet",
+    log:
+        "logs/{host}/speculative/{pair}/rep{repeat}.log",
+    benchmark:
+        "benchmarks/{host}/speculative/{pair}/rep{repeat}.tsv"
     wildcard_constraints:
         repeat=r"\d+",
-    params:
-        spec=as_arg(speculative_spec()),
-        pair=lambda wc: as_arg(PAIRS[wc.pair]),
+    conda:
+        job_conda_env
+    container:
+        job_container
     threads: lambda wc: workflow.cores if "cpu" in pair_devices(wc) else 1
     resources:
         bench_cpu=lambda wc: int("cpu" in pair_devices(wc)),
         gpu=lambda wc: int("cuda" in pair_devices(wc)),
         gpu_model=job_gpu_model,
         mps=lambda wc: int("mps" in pair_devices(wc)),
-    conda:
-        job_conda_env
-    container:
-        job_container
-    log:
-        "logs/{host}/speculative/{pair}/rep{repeat}.log",
-    benchmark:
-        "benchmarks/{host}/speculative/{pair}/rep{repeat}.tsv"
+    params:
+        spec=as_arg(speculative_spec()),
+        pair=lambda wc: as_arg(PAIRS[wc.pair]),
     shell:
         "decodelab speculative --target-dir {input.target} --draft-dir {input.draft}"
         " --pair {wildcards.pair} --pair-spec {params.pair} --spec {params.spec}"
@@ -38,25 +38,25 @@ rule parallelism:
         "results/models/{model}",
     output:
         "results/{host}/{backend}/parallelism/{model}/rep{repeat}.parquet",
+    log:
+        "logs/{host}/{backend}/parallelism/{model}/rep{repeat}.log",
+    benchmark:
+        "benchmarks/{host}/{backend}/parallelism/{model}/rep{repeat}.tsv"
     wildcard_constraints:
         backend="cpu|cuda|mps",
         repeat=r"\d+",
-    params:
-        spec=lambda wc: as_arg(parallelism_spec(wc.backend, wc.model)),
+    conda:
+        job_conda_env
+    container:
+        job_container
     threads: lambda wc: workflow.cores if wc.backend == "cpu" else 1
     resources:
         bench_cpu=lambda wc: int(wc.backend == "cpu"),
         gpu=lambda wc: int(wc.backend == "cuda"),
         gpu_model=job_gpu_model,
         mps=lambda wc: int(wc.backend == "mps"),
-    conda:
-        job_conda_env
-    container:
-        job_container
-    log:
-        "logs/{host}/{backend}/parallelism/{model}/rep{repeat}.log",
-    benchmark:
-        "benchmarks/{host}/{backend}/parallelism/{model}/rep{repeat}.tsv"
+    params:
+        spec=lambda wc: as_arg(parallelism_spec(wc.backend, wc.model)),
     shell:
         "decodelab parallelism --model-dir {input} --model {wildcards.model}"
         " --backend {wildcards.backend} --spec {params.spec} --repeat {wildcards.repeat}"
@@ -72,15 +72,15 @@ rule speculative_stats:
             "results/{{host}}/stats/speculative_{table}.csv",
             table=["acceptance", "speedup", "theory", "hf", "parallelism"],
         ),
-    params:
-        spec=as_arg(config["stats"]),
-        out=lambda wc, output: os.path.dirname(output[0]),
+    log:
+        "logs/{host}/speculative_stats.log",
     conda:
         job_conda_env
     container:
         job_container
-    log:
-        "logs/{host}/speculative_stats.log",
+    params:
+        spec=as_arg(config["stats"]),
+        out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab spec-stats --spec {params.spec} --out {params.out}"
         " --runs {input.runs} --parallelism {input.parallelism} 2> {log}"
@@ -91,11 +91,11 @@ rule model_table:
         expand("results/models/{model}", model=list(config["models"])),
     output:
         "results/{host}/stats/models.csv",
+    log:
+        "logs/{host}/model_table.log",
     conda:
         job_conda_env
     container:
         job_container
-    log:
-        "logs/{host}/model_table.log",
     shell:
         "decodelab model-table --out {output} {input} 2> {log}"

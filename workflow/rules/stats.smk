@@ -4,12 +4,12 @@ rule collect:
     output:
         runs="results/{host}/runs.parquet",
         environment="results/{host}/stats/environment.csv",
+    log:
+        "logs/{host}/collect.log",
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/collect.log",
     shell:
         "decodelab collect --host {wildcards.host} --out {output.runs}"
         " --environment {output.environment} {input} 2> {log}"
@@ -18,14 +18,14 @@ rule collect:
 rule skipped:
     output:
         "results/{host}/stats/skipped.csv",
-    params:
-        backends=" ".join(SKIPPED),
+    log:
+        "logs/{host}/skipped.log",
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/skipped.log",
+    params:
+        backends=" ".join(SKIPPED),
     shell:
         "decodelab skipped --host {wildcards.host} --out {output} {params.backends} 2> {log}"
 
@@ -36,14 +36,14 @@ rule statistics:
     output:
         latency="results/{host}/stats/latency.csv",
         kv="results/{host}/stats/kv_speedup.csv",
-    params:
-        spec=as_arg(config["stats"]),
+    log:
+        "logs/{host}/statistics.log",
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/statistics.log",
+    params:
+        spec=as_arg(config["stats"]),
     shell:
         "decodelab stats --runs {input} --spec {params.spec} --latency {output.latency}"
         " --kv {output.kv} 2> {log}"
@@ -54,14 +54,14 @@ rule regimes:
         "results/{host}/runs.parquet",
     output:
         "results/{host}/stats/regimes.csv",
-    params:
-        spec=as_arg(regime_rule_spec()),
+    log:
+        "logs/{host}/regimes.log",
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/regimes.log",
+    params:
+        spec=as_arg(regime_rule_spec()),
     shell:
         "decodelab regimes --runs {input} --spec {params.spec} --out {output} 2> {log}"
 
@@ -72,15 +72,15 @@ rule regime_depth:
         regimes="results/{host}/stats/regimes.csv",
     output:
         expand("results/{{host}}/stats/regime_{table}.csv", table=REGIME_DEPTH_TABLES),
-    params:
-        spec=as_arg(config["regimes"]),
-        out=lambda wc, output: os.path.dirname(output[0]),
+    log:
+        "logs/{host}/regime_depth.log",
     conda:
         "../../envs/decodelab.yaml"
     container:
         job_container
-    log:
-        "logs/{host}/regime_depth.log",
+    params:
+        spec=as_arg(config["regimes"]),
+        out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab regime-depth --runs {input.runs} --regimes {input.regimes}"
         " --spec {params.spec} --out {params.out} 2> {log}"

@@ -8,16 +8,16 @@ rule verify_exact:
         draft=f"results/models/{VERIFY_MODELS[1]}",
     output:
         "results/{host}/verification/exact.json",
-    params:
-        spec=as_arg(verification_spec()),
-    conda:
-        job_conda_env
-    container:
-        job_container
     log:
         "logs/{host}/verification/exact.log",
     benchmark:
         "benchmarks/{host}/verification/exact.tsv"
+    conda:
+        job_conda_env
+    container:
+        job_container
+    params:
+        spec=as_arg(verification_spec()),
     shell:
         "decodelab verify --level exact --spec {params.spec} --target-dir {input.target}"
         " --draft-dir {input.draft} --out {output} 2> {log}"
@@ -26,16 +26,16 @@ rule verify_exact:
 rule verify_monte_carlo:
     output:
         "results/{host}/verification/monte_carlo.json",
-    params:
-        spec=as_arg(verification_spec()),
-    conda:
-        job_conda_env
-    container:
-        job_container
     log:
         "logs/{host}/verification/monte_carlo.log",
     benchmark:
         "benchmarks/{host}/verification/monte_carlo.tsv"
+    conda:
+        job_conda_env
+    container:
+        job_container
+    params:
+        spec=as_arg(verification_spec()),
     shell:
         "decodelab verify --level monte-carlo --spec {params.spec} --out {output} 2> {log}"
 
@@ -46,23 +46,23 @@ rule verify_real:
         draft=lambda wc: f"results/models/{PAIRS[wc.pair]['draft']}",
     output:
         "results/{host}/verification/real_{pair}.json",
-    params:
-        spec=as_arg(verification_spec()),
-        pair=lambda wc: as_arg(PAIRS[wc.pair]),
+    log:
+        "logs/{host}/verification/real_{pair}.log",
+    benchmark:
+        "benchmarks/{host}/verification/real_{pair}.tsv"
+    conda:
+        job_conda_env
+    container:
+        job_container
     threads: lambda wc: workflow.cores if "cpu" in pair_devices(wc) else 1
     resources:
         bench_cpu=lambda wc: int("cpu" in pair_devices(wc)),
         gpu=lambda wc: int("cuda" in pair_devices(wc)),
         gpu_model=job_gpu_model,
         mps=lambda wc: int("mps" in pair_devices(wc)),
-    conda:
-        job_conda_env
-    container:
-        job_container
-    log:
-        "logs/{host}/verification/real_{pair}.log",
-    benchmark:
-        "benchmarks/{host}/verification/real_{pair}.tsv"
+    params:
+        spec=as_arg(verification_spec()),
+        pair=lambda wc: as_arg(PAIRS[wc.pair]),
     shell:
         "decodelab verify --level real --spec {params.spec} --target-dir {input.target}"
         " --draft-dir {input.draft} --pair {wildcards.pair} --pair-spec {params.pair}"
@@ -77,13 +77,13 @@ rule verification_stats:
             "results/{{host}}/stats/verification_{table}.csv",
             table=["levels", "power", "pvalues", "tokens", "greedy"],
         ),
-    params:
-        out=lambda wc, output: os.path.dirname(output[0]),
+    log:
+        "logs/{host}/verification_stats.log",
     conda:
         job_conda_env
     container:
         job_container
-    log:
-        "logs/{host}/verification_stats.log",
+    params:
+        out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab verify-stats --out {params.out} {input} 2> {log}"

@@ -1,0 +1,396 @@
+"""Hostile and careless models (issue #13, items 5-7): code shipped with a model never runs and
+nothing prompts; unloadable weights are refused when the model is prepared; NaN/inf logits stop
+every measuring verb with the model's role and directory; `prepare` deletes only its own dirs."""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_TRAIN
+from test_models import COMMIT, build_hub_cache, prepare_hf_offline
+from transformers import AutoModelForCausalLM
+
+import decodelab
+from decodelab import cli, models, study, sweep, verify
+from decodelab.errors import DecodelabError
+from decodelab.speculative import Sampling, generate
+
+NAN = "non-finite logits (NaN/inf)"
+SWEEP = {"budgets": [4], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 1,
+         "warmup": 1, "seed": 11}
+STUDY = {"ks": [2], "modes": ["greedy"], "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+         "prompts": 1, "prompt_len": 8, "budget": 8, "hf_assisted": False, "seed": 3}
+PAIR = {"target_device": "cpu", "draft_device": "cpu", "dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "gpt2-tiny"
+    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
+    return out
+
+
+def copy_model(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(models.MANIFEST))
+    return dst
+
+
+def edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def pickle_that_touches(marker: Path) -> bytes:
+    class Touch:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    return pickle.dumps(Touch())
+
+
+CUSTOM_CODE = """import pathlib
+pathlib.Path({marker!r}).write_text("custom code ran")
+from transformers import PretrainedConfig
+
+
+class EvilConfig(PretrainedConfig):
+    model_type = "evilgpt"
+"""
+AUTO_MAP = {"AutoConfig": "configuration_x.EvilConfig",
+            "AutoModelForCausalLM": "configuration_x.EvilConfig"}
+
+
+def with_custom_code(model_dir: Path, marker: Path) -> Path:
+    """An unknown model_type, an auto_map and the configuration_x.py it names: transformers
+    asks "Do you wish to run the custom code? [y/N]" for it unless told not to."""
+    edit_json(model_dir / "config.json", model_type="evilgpt", auto_map=AUTO_MAP)
+    (model_dir / "configuration_x.py").write_text(CUSTOM_CODE.format(marker=str(marker)))
+    return model_dir
+
+
+# 5. code shipped with a model never runs, whatever stdin says
+
+
+DRIVER = """
+import json, sys
+from decodelab.cli import main
+for argv in json.loads(sys.argv[1]):
+    print(f"@@status {main(argv)}", file=sys.stderr, flush=True)
+"""
+
+
+def run_verbs(argvs: list[list[str]], stdin: str, tmp_path: Path) -> tuple[list, str]:
+    """`decodelab` verbs in one fresh interpreter, stdin given (an empty one is closed): the
+    exit status and stderr of each verb, and all it printed."""
+    src = str(Path(decodelab.__file__).parents[1])
+    env = os.environ | {"HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "1",
+                        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argvs)], input=stdin,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    parts = proc.stderr.split("@@status ")
+    verbs = [(int(part.split("\n", 1)[0]), err) for part, err in zip(parts[1:], parts,
+                                                                       strict=False)]
+    return verbs, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("stdin", ["", "y\ny\n"], ids=["stdin-closed", "stdin-says-yes"])
+def test_custom_code_never_runs_in_prepare_model_or_sweep(tmp_path, tiny_dir, stdin):
+    marker = tmp_path / "MARKER"
+    hostile = with_custom_code(copy_model(tiny_dir, tmp_path / "hostile"), marker)
+    prepared = with_custom_code(copy_model(tiny_dir, tmp_path / "models" / "evil"), marker)
+    out = tmp_path / "results" / "models" / "evil"
+    raw = tmp_path / "rep0.parquet"
+    verbs, said_all = run_verbs([
+        ["prepare-model", "--spec", json.dumps({"source": "local", "path": str(hostile)}),
+         "--out", str(out)],
+        ["sweep", "--model-dir", str(prepared), "--model", "evil", "--backend", "cpu",
+         "--experiment", "sweep", "--repeat", "0", "--spec", json.dumps(SWEEP),
+         "--out", str(raw)],
+    ], stdin, tmp_path)
+    assert not marker.exists(), "the model's configuration_x.py ran"
+    assert "Traceback" not in said_all and "[y/N]" not in said_all, said_all
+    [(prepare, said), (measure, said_sweep)] = verbs
+    assert prepare == 2 and measure == 2
+    assert f"model 'evil' (local path {str(hostile)!r}): config.json has 'auto_map'" in said
+    assert "trust_remote_code=False" in said
+    assert "model 'evil': config.json has 'auto_map'" in said_sweep
+    assert not out.parent.exists() or not any(out.parent.iterdir())  # no model, no partial dir
+    assert not raw.exists()
+
+
+REFUSED = {  # case -> (how to spoil a good model directory, what the error says)
+    "auto_map beside a known model_type": (
+        lambda d: edit_json(d / "config.json", auto_map=AUTO_MAP),
+        "config.json has 'auto_map' (custom code: "),
+    "unknown model_type": (
+        lambda d: edit_json(d / "config.json", model_type="evilgpt"),
+        "config.json has model_type 'evilgpt', which transformers"),
+    "no causal-LM class": (
+        lambda d: edit_json(d / "config.json", model_type="t5"),
+        "model_type 't5' has no causal language model class"),
+    "a shipped .py file": (
+        lambda d: (d / "modeling_gpt2.py").write_text("raise SystemExit('ran')\n"),
+        "it ships Python code (modeling_gpt2.py); decodelab never runs code shipped"),
+    "tokenizer auto_map": (
+        lambda d: (d / "tokenizer_config.json").write_text(
+            json.dumps({"auto_map": {"AutoTokenizer": ["tok.EvilTokenizer", None]}})),
+        "tokenizer_config.json has 'auto_map'"),
+    "config.json not JSON": (
+        lambda d: (d / "config.json").write_text("{model_type: gpt2"),
+        "config.json is not readable JSON"),
+    "config.json a list": (
+        lambda d: (d / "config.json").write_text("[1, 2]"),
+        "config.json is not a JSON object"),
+    # 6. weights that cannot be loaded
+    "only pytorch_model.bin": (
+        lambda d: ((d / "model.safetensors").unlink(),
+                   (d / "pytorch_model.bin").write_bytes(pickle_that_touches(d / "UNPICKLED"))),
+        "has no .safetensors weights (found pytorch_model.bin, never unpickled); decodelab "
+        "loads safetensors only"),
+    "truncated safetensors": (
+        lambda d: truncate(d / "model.safetensors", 8),
+        "model.safetensors is not a complete safetensors file (Error while deserializing "
+        "header: incomplete metadata, file not fully covered; its header declares"),
+    "padded safetensors": (
+        lambda d: (d / "model.safetensors").write_bytes(
+            (d / "model.safetensors").read_bytes() + bytes(64)),
+        "model.safetensors is not a complete safetensors file"),
+    "header lies about a shape": (
+        lambda d: lie_about_a_shape(d / "model.safetensors"),
+        "model.safetensors is not a complete safetensors file (Error while deserializing "
+        "header: invalid shape, data type, or offset for tensor"),
+    "not safetensors at all": (
+        lambda d: (d / "model.safetensors").write_bytes(b"<html>rate limited</html>"),
+        "model.safetensors is not a complete safetensors file"),
+    "index names an absent shard": (
+        lambda d: (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+            "lm_head.weight": "model-00002-of-00002.safetensors"}})),
+        "model.safetensors.index.json names absent weight files: "
+        "model-00002-of-00002.safetensors"),
+}
+
+
+def truncate(path: Path, n: int) -> None:
+    path.write_bytes(path.read_bytes()[:-n])
+
+
+def lie_about_a_shape(path: Path) -> None:
+    """Double one tensor's first dimension in the header; the file keeps its size."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["shape"][0] *= 2
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(n)
+    assert len(text) == n
+    path.write_bytes(data[:8] + text + data[8 + n:])
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_model_that_cannot_be_loaded_safely_is_refused_when_prepared(tmp_path, tiny_dir,
+                                                                        case):
+    spoil, says = REFUSED[case]
+    src = copy_model(tiny_dir, tmp_path / "src")
+    spoil(src)
+    out = tmp_path / "models" / "m"
+    with pytest.raises(DecodelabError) as err:
+        models.prepare({"source": "local", "path": str(src)}, out)
+    assert str(err.value).startswith(f"model 'm' (local path {str(src)!r}): ")
+    assert says in str(err.value)
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+    # a directory spoiled after preparation: every measuring verb loads through `load`
+    with pytest.raises(DecodelabError) as err:
+        models.load(src, "cpu", role="target")
+    assert str(err.value).startswith(f"target {str(src)!r}: ") and says in str(err.value)
+    assert not (src / "UNPICKLED").exists()
+
+
+def test_the_pickle_payload_is_armed(tmp_path):
+    """Negative control for "never unpickled": unpickling the file does leave the marker."""
+    pickle.loads(pickle_that_touches(tmp_path / "UNPICKLED"))
+    assert (tmp_path / "UNPICKLED").exists()
+
+
+def test_an_hf_snapshot_goes_through_the_same_checks(tmp_path, tiny_dir):
+    src = copy_model(tiny_dir, tmp_path / "snapshot")
+    edit_json(src / "config.json", auto_map=AUTO_MAP)
+    cache = tmp_path / "hub"
+    build_hub_cache(cache, "org/evil", COMMIT, {p.name: p for p in src.iterdir()})
+    [result] = prepare_hf_offline(tmp_path, cache.resolve(), [
+        ({"source": "hf", "repo": "org/evil", "revision": COMMIT}, tmp_path / "m")])
+    assert result["ok"] is False
+    assert result["message"].startswith(f"model 'm' (hf org/evil@{COMMIT}): config.json has "
+                                        "'auto_map'")
+    assert not (tmp_path / "m").exists() and not models.partial_dir(tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"n_embd": 128}, "cannot be loaded (RuntimeError: "),
+    ({"n_layer": 6}, "its weights lack 24 tensor(s) its config.json needs (transformer.h.4."),
+], ids=["shapes differ", "tensors missing"])
+def test_load_names_the_directory_of_weights_that_do_not_fit_the_config(tmp_path, tiny_dir,
+                                                                       change, says):
+    src = copy_model(tiny_dir, tmp_path / "m")
+    edit_json(src / "config.json", **change)
+    with pytest.raises(DecodelabError) as err:
+        models.load(src, "cpu")
+    assert str(err.value).startswith(f"model {str(src)!r}") and says in str(err.value)
+
+
+# 7. NaN/inf logits stop every measuring verb
+
+
+def poisoned(src: Path, dst: Path, weight: str, rows: slice = slice(None)) -> str:
+    """A copy of `src` (tokenizer and manifest included) with weight[rows] set to NaN."""
+    model = AutoModelForCausalLM.from_pretrained(src, use_safetensors=True)
+    with torch.no_grad():
+        model.get_parameter(weight)[rows] = float("nan")
+    model.save_pretrained(dst, safe_serialization=True)
+    for item in src.iterdir():
+        if not (dst / item.name).exists():
+            shutil.copy2(item, dst / item.name)
+    return str(dst)
+
+
+NAN_WEIGHTS = ("transformer.ln_f.weight", slice(None))
+# Positions from 8 on: the load-time probe (8 tokens) passes, a prompt plus budget does not.
+LATE_NAN = ("transformer.wpe.weight", slice(8, None))  # models.PROBE_TOKENS
+PARALLELISM_CONTEXT = 16  # from here on: after the untimed context, in the timed passes
+LATER_NAN = ("transformer.wpe.weight", slice(PARALLELISM_CONTEXT, None))
+
+
+@pytest.fixture(scope="module")
+def nan_models(tiny_pair, tiny_dir, tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("nan")
+    target, draft = map(Path, tiny_pair)
+    return {
+        "target": poisoned(target, root / "nan-target", *NAN_WEIGHTS),
+        "draft": poisoned(draft, root / "nan-draft", *NAN_WEIGHTS),
+        "late-target": poisoned(target, root / "late-target", *LATE_NAN),
+        "late-draft": poisoned(draft, root / "late-draft", *LATE_NAN),
+        "later-target": poisoned(target, root / "later-target", *LATER_NAN),
+        "init": poisoned(tiny_dir, root / "nan-init", *NAN_WEIGHTS),
+        "late-init": poisoned(tiny_dir, root / "late-init", *LATE_NAN),
+    }
+
+
+def assert_nan_error(err, role: str, model_dir: str, where: str) -> None:
+    assert str(err.value).startswith(f"{role} {model_dir!r}: {NAN} {where}"), str(err.value)
+
+
+@pytest.mark.parametrize("which, where", [
+    ("init", "on a probe input"),
+    ("late-init", "in the prefill or the last decode step"),
+], ids=["nan-weights", "nan-late-positions"])
+def test_sweep_stops_on_a_nan_model(nan_models, which, where):
+    with pytest.raises(DecodelabError) as err:
+        sweep.run(nan_models[which], "nan", "cpu", SWEEP, 0, "sweep", progress=False)
+    assert_nan_error(err, "model", nan_models[which], where)
+
+
+@pytest.mark.parametrize("roles, mode, blamed", [
+    (("target", "draft"), "greedy", "target"),
+    (("target", "draft"), "sampled", "target"),
+    ((None, "draft"), "sampled", "draft"),
+], ids=["both-nan-greedy", "both-nan-sampled", "nan-draft-sampled"])
+def test_speculative_study_and_bench_stop_on_nan_models(tiny_pair, nan_models, roles, mode,
+                                                        blamed):
+    dirs = [nan_models[r] if r else d for r, d in zip(roles, tiny_pair, strict=True)]
+    with pytest.raises(DecodelabError) as err:
+        study.run(*dirs, "cpu-cpu", PAIR, STUDY | {"modes": [mode]}, 0, progress=False)
+    assert_nan_error(err, blamed, nan_models[blamed], "on a probe input")
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_speculative_decoding_checks_both_models_once_per_sequence(tiny_pair, nan_models, role):
+    dirs = {"target": tiny_pair[0], "draft": tiny_pair[1], role: nan_models[f"late-{role}"]}
+    target, draft = (models.load(dirs[r], "cpu") for r in ("target", "draft"))
+    with pytest.raises(DecodelabError) as err:
+        generate(target, draft, list(range(10, 18)), 12, 2, Sampling())
+    assert_nan_error(err, role, dirs[role], "in a speculative block")
+
+
+def test_bench_stops_on_nan_models(nan_models, tmp_path, capsys):
+    out = tmp_path / "bench.csv"
+    status = cli.main(["bench", "--target-dir", nan_models["target"], "--draft-dir",
+                       nan_models["draft"], "--ks", "1", "--prompts", "1", "--budget", "4",
+                       "--out", str(out)])
+    assert status == 2 and not out.exists()
+    assert f"target {nan_models['target']!r}: {NAN}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("which, where", [
+    ("late-target", "on the context"),
+    ("later-target", "in the last timed pass"),
+])
+def test_parallelism_stops_on_a_model_nan_at_late_positions(nan_models, tmp_path, capsys, which,
+                                                            where):
+    out = tmp_path / "rep0.parquet"
+    spec = {"ks": [1], "context": PARALLELISM_CONTEXT, "inner": 1, "seed": 0, "dtype": "float32"}
+    status = cli.main(["parallelism", "--model-dir", nan_models[which], "--model", "t",
+                       "--backend", "cpu", "--spec", json.dumps(spec), "--repeat", "0",
+                       "--out", str(out)])
+    assert status == 2 and not out.exists()
+    assert f"target {nan_models[which]!r}: {NAN} {where}" in capsys.readouterr().err
+
+
+def test_verify_real_stops_on_a_nan_target(tiny_pair, nan_models):
+    spec = {"k": 2, "alpha": 0.01, "seeds": 1, "seed": 0,
+            "real": {"tokens": 64, "budget": 16, "top": 20, "prompts": 2, "power_tokens": 32,
+                     "greedy_prompts": 2}}
+    with pytest.raises(DecodelabError) as err:
+        verify.run_real(spec, "cpu-cpu", PAIR, nan_models["target"], tiny_pair[1], 0)
+    assert_nan_error(err, "target", nan_models["target"], "on a probe input")
+
+
+def test_training_stops_at_the_step_whose_loss_is_nan(tmp_path):
+    out = tmp_path / "m"
+    with pytest.raises(DecodelabError, match=r"^model 'm': training loss is (nan|inf) "
+                       r"\(non-finite, NaN/inf\) at step \d+ of 10; nothing was saved"):
+        models.prepare(TINY_TRAIN | {"lr": 1e30}, out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_distilling_from_a_nan_teacher_stops_before_training(nan_models, tmp_path):
+    draft = TINY_TRAIN | {"n_embd": 16, "steps": 5, "teacher": "target", "distill": 1.0}
+    with pytest.raises(DecodelabError) as err:
+        models.prepare(draft, tmp_path / "draft", teacher_dir=nan_models["target"])
+    assert_nan_error(err, "teacher", nan_models["target"], "on a probe input")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_finite_models_pass_every_check(tiny_pair, tiny_dir):
+    """Negative control: the same verbs on healthy models measure and raise nothing."""
+    df = study.run(*tiny_pair, "cpu-cpu", PAIR, STUDY | {"modes": ["greedy", "sampled"]}, 0,
+                   progress=False)
+    assert len(df) > 0
+    assert len(sweep.run(str(tiny_dir), "gpt2-tiny", "cpu", SWEEP, 0, "sweep", progress=False))
+
+
+# prepare() deletes only the directory it was asked for
+
+
+def test_preparing_x_leaves_a_model_named_x_partial_alone(tmp_path):
+    keep = tmp_path / "x.partial"  # a legal model name
+    keep.mkdir()
+    (keep / "config.json").write_text("{}")
+    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, tmp_path / "x")
+    assert (keep / "config.json").read_text() == "{}"
+    assert (tmp_path / "x" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden"])
+def test_prepare_refuses_an_out_that_is_not_a_model_name(tmp_path, name):
+    models_dir = tmp_path / "results" / "models"
+    (models_dir / "other").mkdir(parents=True)
+    (tmp_path / "results" / "reference").mkdir()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(DecodelabError, match=f"model '{name}' is not a usable name"):
+        models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1},
+                       f"{models_dir}/{name}")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
