@@ -27,7 +27,7 @@ def default_dag(tmp_path_factory) -> Path:
     """The default DAG run once to the PDF in a copy of the workflow (minutes): every e2e test
     reads this one run and changes nothing in it."""
     workdir = copy_workflow(tmp_path_factory.mktemp("default-dag"))
-    snakemake(workdir)
+    snakemake(workdir, timeout=3600)  # ~13 min on a quiet 2-core machine; 30+ seen when slow
     return workdir
 
 

@@ -26,10 +26,11 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 1800
+              ) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run([SNAKEMAKE, *args], cwd=workdir, env=env, capture_output=True,
-                          text=True, timeout=1800)
+                          text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
