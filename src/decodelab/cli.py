@@ -17,9 +17,8 @@ def prepare_model(args):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    models.prepare(json.loads(args.spec), args.out, teacher_dir=args.teacher_dir)
-    if args.positions_needed:
-        models.refuse_short_model(args.out, args.positions_needed)
+    models.prepare(json.loads(args.spec), args.out, teacher_dir=args.teacher_dir,
+                   positions_needed=args.positions_needed)
 
 
 def require_backends(*backends: str) -> None:

@@ -267,9 +267,11 @@ def partial_dir(out: Path) -> Path:
     return out.with_name(f".{out.name}.partial")
 
 
-def prepare(spec: dict, out: str | Path, teacher_dir: str | Path | None = None) -> None:
+def prepare(spec: dict, out: str | Path, teacher_dir: str | Path | None = None,
+            positions_needed: int = 0) -> None:
     """Materialize one model from its config entry into `out`, atomically. `teacher_dir` is the
-    prepared directory of a `train` spec's teacher (a draft distilled from its target)."""
+    prepared directory of a `train` spec's teacher (a draft distilled from its target); a model
+    whose position table is shorter than `positions_needed` is refused before it is in place."""
     # The name as given: Path() would turn "results/models/." into "results/models".
     name = check_name(os.path.basename(os.fspath(out).rstrip("/")), "model")
     out = Path(out)
@@ -291,6 +293,8 @@ def prepare(spec: dict, out: str | Path, teacher_dir: str | Path | None = None) 
                           label)
         else:
             raise DecodelabError(f"model source {source!r} is not supported here")
+        if positions_needed:
+            refuse_short_model(tmp, name, positions_needed)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -345,8 +349,8 @@ def require_finite(logits: torch.Tensor, model, role: str, where: str) -> None:
 
 # --- a model's learned positions against the config's longest sequence ------------------------
 # The DAG checks every model whose positions it can read (init presets, train shapes, a local
-# config.json); `prepare-model --positions-needed` checks again once the model is on disk, the
-# first moment an `hf` model's config is known.
+# config.json); `prepare-model --positions-needed` checks again once the model is built, before
+# it is put in place: the first moment an `hf` model's config is known.
 
 
 def position_overrun(name: str, positions: int | None, needed: int, why: str) -> str | None:
@@ -368,12 +372,10 @@ def declared_positions(config_json: str | Path) -> int | None:
         raise DecodelabError(f"{path}: not a readable Hugging Face config.json ({err})") from None
 
 
-def refuse_short_model(model_dir: str | Path, needed: int) -> None:
-    """Remove a prepared model (results/models/<name>) too short for `needed` tokens, and say so."""
-    model_dir = Path(model_dir)
+def refuse_short_model(model_dir: str | Path, name: str, needed: int) -> None:
+    """Refuse a model (its directory, not yet in place) too short for `needed` tokens."""
     why = "the config's longest sequence (sweep budget + prompt, speculative prompt + budget + K)"
-    problem = position_overrun(model_dir.name, declared_positions(model_dir / "config.json"),
+    problem = position_overrun(name, declared_positions(Path(model_dir) / "config.json"),
                                needed, why)
     if problem:
-        shutil.rmtree(model_dir)
         raise DecodelabError(problem)
