@@ -8,7 +8,9 @@ CONTAINER_PACKAGES := podman runc debootstrap
 SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools reproduce paper report artifact-times test bench lint clean
+.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools reproduce paper report artifact-times test test-fast bench lint clean
+# Two pytest workers; tests sharing a costly fixture (tests/conftest.py) stay in one.
+PARALLEL := -n 2 --dist loadgroup
 
 setup: $(STAMP) tex
 
@@ -85,12 +87,16 @@ browser:
 	$(call apt_install_missing,chromium,chromium)
 
 # SLURM, munge and MariaDB for the cluster test (tests/test_slurm.py, `pytest -m slurm`), which
-# starts a one-node cluster as root in a temporary directory and stops it after; about 20 s.
+# starts a one-node cluster as root in a temporary directory and stops it after; about 3 minutes.
 slurm-tools:
 	$(call apt_install_missing,slurmctld slurmd slurmdbd munged mariadbd,$(SLURM_PACKAGES))
 
 test: setup container-image browser slurm-tools
-	$(BIN)/pytest
+	$(BIN)/pytest $(PARALLEL)
+
+# Everything but the end-to-end, container, SLURM and LaTeX tests, in under 3 minutes on 2 cores.
+test-fast: $(STAMP)
+	$(BIN)/pytest $(PARALLEL) -m "not e2e and not container and not slurm and not latex"
 
 # Our speculative decoding against HF assisted generation and plain decoding on the default pair,
 # measured side by side in one process; ratios printed and written to results/bench/.

@@ -4,7 +4,8 @@ munge (a key generated here), MariaDB and slurmdbd (so that `sacct` answers), sl
 run in the foreground as children of the test, with every file in one temporary directory. The
 node has a `cpu` partition (the default) and a `gpu` partition without GPUs. The Snakemake plugin
 clears `SLURM_CONF` in its job steps, so the generated slurm.conf is linked to
-/etc/slurm/slurm.conf for the session; a slurm.conf already there is never touched (skip).
+/etc/slurm/slurm.conf for the session; a slurm.conf already there is never touched (skip), but
+for this fixture's own link left behind by a killed session, which is removed.
 """
 
 import os
@@ -26,6 +27,8 @@ PROGRAMS = ["mungekey", "munged", "mariadb-install-db", "mariadbd", "mariadb", "
 PACKAGES = "slurm-wlm munge slurmdbd mariadb-server"
 CLUSTER = "decodelab"
 DB_PASSWORD = "decodelab-test"
+PREFIX = "decodelab-slurm-"  # of the cluster's temporary directory
+NODE_CPUS = 2 * os.cpu_count()
 
 
 def why_no_cluster() -> str | None:
@@ -36,9 +39,23 @@ def why_no_cluster() -> str | None:
                 "(`make slurm-tools` does it)")
     if os.geteuid() != 0:
         return "starting slurmctld, slurmd, slurmdbd and munged needs root"
+    if left_by_a_killed_test():
+        SYSTEM_CONF.unlink()
     if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
         return f"{SYSTEM_CONF} exists (a real cluster's?): the test cluster never replaces it"
     return None
+
+
+def left_by_a_killed_test() -> bool:
+    """Whether /etc/slurm/slurm.conf is this fixture's link into a temporary directory of a
+    session that was killed before it could remove it (its slurmctld no longer runs)."""
+    if not SYSTEM_CONF.is_symlink():
+        return False
+    root = SYSTEM_CONF.readlink().parent
+    if not (root.parent == Path(tempfile.gettempdir()) and root.name.startswith(PREFIX)):
+        return False
+    pid = root / "slurmctld.pid"
+    return not (pid.exists() and Path(f"/proc/{pid.read_text().strip()}").exists())
 
 
 def free_port() -> int:
@@ -105,9 +122,13 @@ AccountingStorageHost=localhost
 AccountingStoragePort={ports['slurmdbd']}
 AccountingStoragePass={root}/munge/munge.socket
 AccountingStoreFlags=job_comment
-# the node is declared with the memory the profile's jobs ask for (not enforced here: no cgroups)
+# Backfill every second (default 30 s): a 1-CPU job queued behind a whole-node one starts at once.
+SchedulerParameters=bf_interval=1
+# the node is declared with twice this machine's cores, so that two whole-node jobs (`--cores`
+# of the test) run side by side as on a cluster of several nodes, and with the memory the
+# profile's jobs ask for (neither is enforced here: no cgroups)
 SlurmdParameters=config_overrides
-NodeName={host} CPUs={os.cpu_count()} RealMemory={memory_mb} State=UNKNOWN
+NodeName={host} CPUs={NODE_CPUS} RealMemory={memory_mb} State=UNKNOWN
 PartitionName=cpu Nodes={host} Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes={host} MaxTime=INFINITE State=UP
 """
@@ -240,7 +261,7 @@ def slurm_cluster():
         pytest.skip(reason)
     # room for two of the profile's largest jobs side by side, whatever this machine has
     memory = max(node_memory_mb(), 2 * largest_memory_ask_mb())
-    cluster = Cluster(Path(tempfile.mkdtemp(prefix="decodelab-slurm-")), memory)
+    cluster = Cluster(Path(tempfile.mkdtemp(prefix=PREFIX)), memory)
     try:
         cluster.start()
         yield cluster

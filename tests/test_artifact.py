@@ -9,47 +9,23 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_figures_paper import (
+from fixtures import (
     REAL,
-    SPEC_PEAK,
     build_paper,
     generate,
+    host_dir,
     overfull,
     settings_dict,
     strip_comments,
     tex_sources,
-    write_spec_stats,
     write_stats,
-    write_verification_stats,
 )
 
-from decodelab import benchmarks, hosts, paper, paper_artifact, reference
+from decodelab import benchmarks, hosts, reference
 from decodelab.errors import DecodelabError
-
-
-def host_dir(root: Path, backends=("cpu",), pairs=("cpu-cpu",), scale: float = 1.0) -> Path:
-    """A host's results/<host>/: the stats tables of a finished run, latencies times `scale`."""
-    stats = write_stats(root / "stats", backends=backends, spikes=False)
-    known = [p if p in SPEC_PEAK else "cpu-cpu" for p in pairs]  # the fixture's profiles
-    write_spec_stats(stats, pairs=tuple(known), backends=("cpu",), hf=False)
-    for name in ("acceptance", "speedup", "theory", "hf", "parallelism"):
-        path = stats / f"speculative_{name}.csv"
-        df = pd.read_csv(path)
-        if "pair" in df:
-            df["pair"] = df["pair"].replace(dict(zip(known, pairs, strict=True)))
-        if "backend" in df:
-            df["backend"] = backends[0]
-        df.to_csv(path, index=False)
-    write_verification_stats(stats, pairs=pairs)
-    if scale != 1.0:
-        latency = pd.read_csv(stats / "latency.csv")
-        for col in ("median", "ci_low", "ci_high"):
-            latency[col] *= scale
-        latency.to_csv(stats / "latency.csv", index=False)
-    (root / "figures").mkdir(exist_ok=True)
-    (root / "figures" / "latency.pdf").write_bytes(b"%PDF-1.4\n")
-    return root
-
+from decodelab.paper import artifact, tex
+from decodelab.paper.build import write_generated
+from decodelab.paper.settings import PARALLEL_K
 
 # -----------------------------------------------------------------------------
 # import
@@ -150,7 +126,7 @@ def test_merge_writes_absent_tables_empty_and_lists_hosts(merged):
 def test_merge_refuses_a_host_without_its_tables(tmp_path):
     vm = host_dir(tmp_path / "vm")
     (tmp_path / "mac" / "stats").mkdir(parents=True)
-    with pytest.raises(DecodelabError, match="host 'mac'.*missing stats/environment.csv"):
+    with pytest.raises(DecodelabError, match="host 'mac'.*missing .*stats/environment.csv"):
         hosts.merge({"vm": vm, "mac": tmp_path / "mac"}, "vm", tmp_path / "out", ["latency"])
 
 
@@ -247,7 +223,7 @@ def test_a_cuda_references_step_ups_reach_the_comparison_and_the_macros(tmp_path
     table = reference.compare(local / "stats", reference.reference_dirs(tmp_path / "reference"))
     ups = table[table["quantity"] == "step_ups"]
     assert list(ups["reference_value"]) == [2]  # sweep runs only
-    macros = paper_artifact.cuda_reference_macros(table)
+    macros = artifact.cuda_reference_macros(table)
     assert macros["RefCudaStepUps"] == "2"
 
 
@@ -268,17 +244,17 @@ def test_a_cuda_references_speculative_and_verification_results_reach_the_macros
     cpu_p = cpu[cpu["quantity"].isin(reference.NO_RATIO)]
     assert len(cpu_p) == 6 and (cpu_p["status"] == "matched").all()
     assert cpu_p["ratio"].isna().all()  # a ratio of p-values measures nothing
-    macros = paper_artifact.cuda_reference_macros(table)
-    assert macros["RefCudaChiPAcceptAll"] == paper.pval(0.041)
-    assert macros["RefCudaLogRatioPResampleFromP"] == paper.pval(2.1e-6)
-    at_k = cuda[(cuda["quantity"] == "parallelism") & (cuda["k"] == paper_artifact.PARALLEL_K)]
-    assert macros["RefCudaParallel"] == paper.sig(at_k["reference_value"].iloc[0])
+    macros = artifact.cuda_reference_macros(table)
+    assert macros["RefCudaChiPAcceptAll"] == tex.pval(0.041)
+    assert macros["RefCudaLogRatioPResampleFromP"] == tex.pval(2.1e-6)
+    at_k = cuda[(cuda["quantity"] == "parallelism") & (cuda["k"] == PARALLEL_K)]
+    assert macros["RefCudaParallel"] == tex.sig(at_k["reference_value"].iloc[0])
     assert (macros["RefCudaHfMin"], macros["RefCudaHfMax"]) == ("1.30", "1.50")
     best = cuda[cuda["quantity"] == "spec_speedup"]["reference_value"].max()
-    assert macros["RefCudaSpecBest"] == paper.sig(best)
-    _, flags = paper_artifact.reference_macros(table)
+    assert macros["RefCudaSpecBest"] == tex.sig(best)
+    _, flags = artifact.reference_macros(table)
     assert flags["RefAnyCudaSpec"] and flags["RefAnyCudaVerification"]
-    _, flags = paper_artifact.reference_macros(cpu)
+    _, flags = artifact.reference_macros(cpu)
     assert not flags["RefAnyCudaSpec"] and not flags["RefAnyCudaVerification"]
 
 
@@ -383,18 +359,16 @@ def test_artifact_tables_when_nothing_is_there(tmp_path):
 # every artifact macro is used by the paper
 
 def test_every_artifact_macro_is_used_in_the_paper(tmp_path):
-    from decodelab.paper_artifact import artifact_parts
-
-    macros, flags, files = artifact_parts(write_stats(tmp_path / "stats"))
+    section = artifact.parts(write_stats(tmp_path / "stats"), settings_dict())
+    macros, flags, files = section.macros, section.flags, section.files
     text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
     unused = [m for m in macros if not re.search(rf"\\{m}(?![A-Za-z])", text)]
     unused += [f"if{f}" for f in flags if not re.search(rf"\\if{f}(?![A-Za-z])", text)]
     assert not unused, unused
     for name in files:
         assert f"generated/{name}" in text, name
-    assert paper.write_generated  # the hook: write_generated writes these files too
-    written = {p.name for p in paper.write_generated(tmp_path / "stats", settings_dict(),
-                                                     tmp_path / "gen")}
+    written = {p.name for p in write_generated(tmp_path / "stats", settings_dict(),
+                                               tmp_path / "gen")}
     assert set(files) <= written
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import prewarmed
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -26,11 +27,11 @@ def workdir(tmp_path):
 
 def job_plan(workdir: Path, *config: str, configfile: Path | None = None,
              sdm: str | None = None) -> list[dict]:
-    args = [sys.executable, str(ROOT / "tests/job_plan.py"), str(workdir)]
+    args = [str(ROOT / "tests/job_plan.py"), str(workdir)]
     args += ["--configfile", str(configfile)] if configfile else []
     args += ["--sdm", sdm] if sdm else []
     args += ["--config", *config] if config else []
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    proc = prewarmed.run(args, Path.cwd(), dict(os.environ), timeout=600)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from decodelab import decode as decode_module
-from decodelab import models
+from decodelab import models, sources
 from decodelab.decode import decode
 
 
 @pytest.fixture(scope="module", params=["gpt2-tiny", "opt-tiny", "bloom-tiny"])
 def model(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("m") / request.param
-    models.prepare({"source": "init", "preset": request.param, "seed": 3}, out)
+    sources.prepare({"source": "init", "preset": request.param, "seed": 3}, out)
     return models.load(out, "cpu")
 
 

@@ -4,13 +4,18 @@ CUDA and MPS are exercised without the hardware by replacing the torch entry poi
 `decodelab.devices` must call with recording fakes.
 """
 
+import fnmatch
+import json
 import math
+import platform
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
-from decodelab import devices
+from decodelab import devices, probe
 from decodelab.errors import DecodelabError
 
 FINGERPRINT_KEYS = {
@@ -158,33 +163,124 @@ def test_reset_peak_memory_only_touches_cuda(monkeypatch):
     assert resets == [1]
 
 
-# availability
+# availability: the torch-free probe the DAG plans on, and torch's word in the jobs
+
+CPU_BUILD = {"__version__": "2.13.0+cpu", "cuda": None, "hip": None}
+CUDA_BUILD = {"__version__": "2.13.0", "cuda": "12.4", "hip": None}
+ROCM_BUILD = {"__version__": "2.13.0+rocm6.2", "cuda": None, "hip": "6.2.41133"}
 
 
-def test_available_backends_contains_cpu():
-    backends = devices.available_backends()
-    assert "cpu" in backends
-    assert set(backends) <= set(devices.BACKENDS)
+@pytest.fixture
+def host(monkeypatch):
+    """Pretend to be another host: host(build, nodes, os, machine, macos) fakes the installed
+    torch build, the GPU device nodes present, sys.platform and the Mac's CPU and version."""
+    def pretend(build=CPU_BUILD, nodes=(), os="linux", machine="x86_64", macos=""):
+        monkeypatch.setattr(probe, "torch_build", lambda: build)
+        monkeypatch.setattr(probe.glob, "glob",
+                            lambda pattern: [n for n in nodes if fnmatch.fnmatch(n, pattern)])
+        monkeypatch.setattr(sys, "platform", os)
+        monkeypatch.setattr(platform, "machine", lambda: machine)
+        monkeypatch.setattr(platform, "mac_ver", lambda: (macos, ("", "", ""), machine))
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return pretend
 
 
-def test_backend_available_cpu():
-    assert devices.backend_available("cpu") is True
+def test_torch_build_is_read_without_importing_torch():
+    code = ("import json, sys; from decodelab.probe import torch_build; "
+            "print(json.dumps([torch_build(), 'torch' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    build, imported = json.loads(out.stdout)
+    assert not imported
+    assert build == {"__version__": str(torch.__version__), "cuda": torch.version.cuda,
+                     "hip": torch.version.hip}
 
 
-def test_backend_available_unknown_raises_naming_it():
+def test_the_probe_agrees_with_torch_on_this_host():
+    assert {b: probe.backend_available(b) for b in probe.BACKENDS} == \
+        {b: b in devices.available_backends() for b in probe.BACKENDS}
+
+
+def test_cpu_is_always_available(host):
+    host(build=None)
+    assert probe.backend_available("cpu") is True
+    assert probe.why_unavailable("cuda") == probe.why_unavailable("mps") == "torch is not installed"
+
+
+def test_an_unknown_backend_raises_naming_it():
     with pytest.raises(ValueError, match="tpu"):
-        devices.backend_available("tpu")
+        probe.backend_available("tpu")
+    with pytest.raises(ValueError, match="tpu"):
+        devices.backend_problem("tpu")
+
+
+def test_a_cpu_only_linux_host_gets_the_reasons_the_paper_prints(host):
+    host()
+    assert probe.why_unavailable("cuda") == (
+        "torch.cuda.is_available() is False (no NVIDIA GPU or a CPU-only torch build)")
+    assert probe.why_unavailable("mps") == (
+        "this torch build has no MPS support (MPS needs macOS on Apple silicon)")
+
+
+def test_a_cpu_only_torch_on_a_gpu_host_is_told_to_install_a_cuda_build(host):
+    host(nodes=["/dev/nvidiactl", "/dev/nvidia0"])
+    why = probe.why_unavailable("cuda")
+    assert "2.13.0+cpu is a CPU-only build" in why and "/dev/nvidia0" in why
+    assert "install a CUDA build of torch" in why
+
+
+@pytest.mark.parametrize(("build", "node"), [(CUDA_BUILD, "/dev/nvidia0"), (CUDA_BUILD, "/dev/dxg"),
+                                             (ROCM_BUILD, "/dev/kfd")])
+def test_a_gpu_build_with_a_gpu_is_available(host, build, node):
+    host(build=build, nodes=[node])
+    assert probe.backend_available("cuda")
+
+
+def test_a_gpu_build_without_a_gpu_names_the_nodes_and_the_build(host):
+    host(build=CUDA_BUILD, nodes=["/dev/kfd"])
+    why = probe.why_unavailable("cuda")
+    assert "no GPU" in why and "/dev/nvidia[0-9]*" in why and "built for CUDA 12.4" in why
+
+
+@pytest.mark.parametrize("value", ["", "-1", "-1,0"])
+def test_cuda_visible_devices_can_hide_every_gpu(host, monkeypatch, value):
+    host(build=CUDA_BUILD, nodes=["/dev/nvidia0"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU" in probe.why_unavailable("cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert probe.backend_available("cuda")
+
+
+def test_a_mac_has_mps_on_apple_silicon_with_macos_12_3(host):
+    host(os="darwin", machine="arm64", macos="14.2.1")
+    assert probe.backend_available("mps")
+    assert "no NVIDIA GPU" in probe.why_unavailable("cuda")
+    host(os="darwin", machine="arm64", macos="12.1")
+    assert "this Mac runs macOS 12.1" in probe.why_unavailable("mps")
+    host(os="darwin", machine="x86_64", macos="13.0")
+    assert "this Python runs on x86_64" in probe.why_unavailable("mps")
+
+
+def test_a_job_stops_where_torch_contradicts_the_probe(host, monkeypatch):
+    host(build=CUDA_BUILD, nodes=["/dev/nvidia0"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    why = devices.backend_problem("cuda")
+    assert why.startswith("torch.cuda.is_available() is False, though torch 2.13.0 is built for "
+                          "CUDA 12.4 and this host has /dev/nvidia0")
+    host(os="darwin", machine="arm64", macos="14.2")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert "macOS 14.2" in devices.backend_problem("mps")
+
+
+def test_a_job_reports_the_probe_reason_where_both_agree(host, monkeypatch):
+    host()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices.backend_problem("cuda") == probe.why_unavailable("cuda")
 
 
 def test_available_backends_follows_torch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     assert devices.available_backends() == ["cpu", "cuda"]
-
-
-@pytest.mark.parametrize("backend", ["cuda", "mps"])
-def test_why_unavailable_explains_accelerators(backend):
-    assert devices.why_unavailable(backend)
 
 
 # fingerprint and config hash

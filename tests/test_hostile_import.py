@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_artifact import host_dir
+from fixtures import host_dir
 
 from decodelab import cli, hosts
 from decodelab.errors import DecodelabError

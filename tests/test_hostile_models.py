@@ -17,9 +17,10 @@ from test_models import COMMIT, build_hub_cache, prepare_hf_offline
 from transformers import AutoModelForCausalLM
 
 import decodelab
-from decodelab import cli, models, study, sweep, verify
+from decodelab import cli, models, sources, study, sweep, verify
+from decodelab.config import Sampling
 from decodelab.errors import DecodelabError
-from decodelab.speculative import Sampling, generate
+from decodelab.speculative import generate
 
 NAN = "non-finite logits (NaN/inf)"
 SWEEP = {"budgets": [4], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 1,
@@ -32,7 +33,7 @@ PAIR = {"target_device": "cpu", "draft_device": "cpu", "dtype": "float32"}
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny") / "gpt2-tiny"
-    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
+    sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
     return out
 
 
@@ -199,7 +200,7 @@ def test_a_model_that_cannot_be_loaded_safely_is_refused_when_prepared(tmp_path,
     spoil(src)
     out = tmp_path / "models" / "m"
     with pytest.raises(DecodelabError) as err:
-        models.prepare({"source": "local", "path": str(src)}, out)
+        sources.prepare({"source": "local", "path": str(src)}, out)
     assert str(err.value).startswith(f"model 'm' (local path {str(src)!r}): ")
     assert says in str(err.value)
     assert not out.parent.exists() or not any(out.parent.iterdir())
@@ -226,7 +227,7 @@ def test_an_hf_snapshot_goes_through_the_same_checks(tmp_path, tiny_dir):
     assert result["ok"] is False
     assert result["message"].startswith(f"model 'm' (hf org/evil@{COMMIT}): config.json has "
                                         "'auto_map'")
-    assert not (tmp_path / "m").exists() and not models.partial_dir(tmp_path / "m").exists()
+    assert not (tmp_path / "m").exists() and not sources.partial_dir(tmp_path / "m").exists()
 
 
 @pytest.mark.parametrize("change, says", [
@@ -352,14 +353,14 @@ def test_training_stops_at_the_step_whose_loss_is_nan(tmp_path):
     out = tmp_path / "m"
     with pytest.raises(DecodelabError, match=r"^model 'm': training loss is (nan|inf) "
                        r"\(non-finite, NaN/inf\) at step \d+ of 10; nothing was saved"):
-        models.prepare(TINY_TRAIN | {"lr": 1e30}, out)
+        sources.prepare(TINY_TRAIN | {"lr": 1e30}, out)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_distilling_from_a_nan_teacher_stops_before_training(nan_models, tmp_path):
     draft = TINY_TRAIN | {"n_embd": 16, "steps": 5, "teacher": "target", "distill": 1.0}
     with pytest.raises(DecodelabError) as err:
-        models.prepare(draft, tmp_path / "draft", teacher_dir=nan_models["target"])
+        sources.prepare(draft, tmp_path / "draft", teacher_dir=nan_models["target"])
     assert_nan_error(err, "teacher", nan_models["target"], "on a probe input")
     assert list(tmp_path.iterdir()) == []
 
@@ -379,7 +380,7 @@ def test_preparing_x_leaves_a_model_named_x_partial_alone(tmp_path):
     keep = tmp_path / "x.partial"  # a legal model name
     keep.mkdir()
     (keep / "config.json").write_text("{}")
-    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, tmp_path / "x")
+    sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, tmp_path / "x")
     assert (keep / "config.json").read_text() == "{}"
     assert (tmp_path / "x" / "model.safetensors").is_file()
 
@@ -391,6 +392,6 @@ def test_prepare_refuses_an_out_that_is_not_a_model_name(tmp_path, name):
     (tmp_path / "results" / "reference").mkdir()
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     with pytest.raises(DecodelabError, match=f"model '{name}' is not a usable name"):
-        models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1},
+        sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1},
                        f"{models_dir}/{name}")
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

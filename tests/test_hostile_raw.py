@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from decodelab import cli, models
+from decodelab import cli, sources
 from decodelab.errors import DecodelabError
 
 SWEEP = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 2,
@@ -29,7 +29,7 @@ def raw(tmp_path_factory, tiny_pair) -> dict[str, Path]:
     """One real raw file of each kind, written by the CLI verbs the rules call."""
     root = tmp_path_factory.mktemp("raw")
     model = root / "gpt2-tiny"
-    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, model)
+    sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, model)
     out = {"sweep": root / "cpu/sweep/gpt2-tiny/rep0.parquet",
            "speculative": root / "speculative/cpu-cpu/rep0.parquet",
            "parallelism": root / "cpu/parallelism/target/rep0.parquet",

@@ -18,7 +18,8 @@ import yaml
 from hub_server import HubServer
 from test_workflow import ROOT, copy_workflow, snakemake
 
-from decodelab import models, paper
+from decodelab import models, shapes, sources
+from decodelab.paper import speculative
 
 REPO = "decodelab-test/gpt2-tiny"
 PINNED = hashlib.sha1(b"pinned").hexdigest()
@@ -29,7 +30,7 @@ OTHER = hashlib.sha1(b"other").hexdigest()  # the `main` branch: never to be fet
 def gpt2_files(tmp_path_factory) -> dict[str, bytes]:
     """An `init` GPT-2 as decodelab prepares it: config, weights and its own decodelab.json."""
     out = tmp_path_factory.mktemp("init") / "gpt2"
-    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
+    sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 
@@ -279,7 +280,7 @@ def test_paper_offline_is_the_paper_profile_with_init_stand_ins():
         if spec["source"] == "hf":  # the preset of the repo's architecture, e.g. gpt2-xl
             assert offline["models"][name] == {"source": "init", "preset":
                                                spec["repo"].split("/")[1], "seed": 1}, name
-            assert offline["models"][name]["preset"] in models.PRESETS
+            assert offline["models"][name]["preset"] in shapes.PRESETS
         else:
             assert offline["models"][name] == spec, name
     pairs = online["speculative"]["pairs"].values()
@@ -293,9 +294,10 @@ def test_the_paper_names_init_stand_ins_in_speculative_pairs():
     }}}
     prepared = pd.DataFrame({"model": ["target", "draft", "gpt2-xl", "gpt2"],
                              "source": ["train", "train", "init", "init"]})
-    assert paper.init_pair_models(prepared, settings) == ["gpt2", "gpt2-xl"]
-    macros, flags = paper.speculative_macros(None, prepared, settings, pd.DataFrame())
+    assert speculative.init_pair_models(prepared, settings) == ["gpt2", "gpt2-xl"]
+    macros, flags = speculative.speculative_macros(None, prepared, settings, pd.DataFrame())
     assert flags["SpecInitPair"] and macros["SpecInitModels"] == (
         r"\texttt{gpt2} and \texttt{gpt2-xl}")
     real = prepared.assign(source=["train", "train", "hf", "hf"])
-    assert not paper.speculative_macros(None, real, settings, pd.DataFrame())[1]["SpecInitPair"]
+    _, flags = speculative.speculative_macros(None, real, settings, pd.DataFrame())
+    assert not flags["SpecInitPair"]

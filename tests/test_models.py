@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import decodelab
-from decodelab import models
+from decodelab import models, shapes, sources
 from decodelab.errors import DecodelabError
 
 TINY = {"gpt2-tiny": "gpt2", "opt-tiny": "opt", "bloom-tiny": "bloom"}
@@ -58,7 +58,7 @@ def same_weights(a, b):
 def tiny_dir(tmp_path_factory):
     """A gpt2-tiny model made by the init source, shared read-only by the module."""
     out = tmp_path_factory.mktemp("tiny") / "gpt2-tiny"
-    models.prepare(init_spec(), out)
+    sources.prepare(init_spec(), out)
     return out
 
 
@@ -68,10 +68,10 @@ def tiny_dir(tmp_path_factory):
 @pytest.mark.parametrize("preset", list(TINY))
 def test_init_writes_a_loadable_hf_dir(tmp_path, preset):
     out = tmp_path / "m"
-    models.prepare(init_spec(preset), out)
+    sources.prepare(init_spec(preset), out)
     assert (out / "config.json").is_file()
     assert (out / "model.safetensors").is_file()
-    assert not models.partial_dir(tmp_path / "m").exists()
+    assert not sources.partial_dir(tmp_path / "m").exists()
     model = models.load(out, "cpu")
     assert model.config.model_type == TINY[preset]
     assert not model.training
@@ -80,9 +80,9 @@ def test_init_writes_a_loadable_hf_dir(tmp_path, preset):
 
 @pytest.mark.parametrize("preset", list(TINY))
 def test_init_is_deterministic_per_seed(tmp_path, preset):
-    models.prepare(init_spec(preset, seed=1), tmp_path / "a")
-    models.prepare(init_spec(preset, seed=1), tmp_path / "b")
-    models.prepare(init_spec(preset, seed=2), tmp_path / "c")
+    sources.prepare(init_spec(preset, seed=1), tmp_path / "a")
+    sources.prepare(init_spec(preset, seed=1), tmp_path / "b")
+    sources.prepare(init_spec(preset, seed=2), tmp_path / "c")
     assert same_weights(weights(tmp_path / "a"), weights(tmp_path / "b"))
     assert not same_weights(weights(tmp_path / "a"), weights(tmp_path / "c"))
 
@@ -98,9 +98,9 @@ def test_init_manifest(tiny_dir):
 
 def test_prepare_replaces_an_existing_dir(tmp_path):
     out = tmp_path / "m"
-    models.prepare(init_spec(seed=1), out)
+    sources.prepare(init_spec(seed=1), out)
     (out / "stale.txt").write_text("left over")
-    models.prepare(init_spec(seed=2), out)
+    sources.prepare(init_spec(seed=2), out)
     assert not (out / "stale.txt").exists()
     assert models.read_manifest(out)["seed"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
@@ -125,7 +125,7 @@ def test_load_honours_dtype(tiny_dir):
 
 @pytest.mark.parametrize("preset", list(PUBLISHED))
 def test_real_size_presets_have_published_parameter_counts(preset):
-    config = models.preset_config(preset)
+    config = sources.preset_config(preset)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     assert next(model.parameters()).is_meta
@@ -141,31 +141,45 @@ def test_real_size_presets_have_published_parameter_counts(preset):
     ],
 )
 def test_max_positions(preset, expected):
-    assert models.max_positions(models.preset_config(preset)) == expected
+    assert shapes.max_positions(sources.preset_config(preset)) == expected
+
+
+@pytest.mark.parametrize("preset", list(shapes.PRESETS))
+def test_plain_preset_positions_equal_what_transformers_configures(preset):
+    assert shapes.preset_positions(preset) == shapes.max_positions(sources.preset_config(preset))
+
+
+def test_position_helpers_import_without_torch_or_transformers():
+    code = ("import sys; from decodelab import shapes; "
+            "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_tiny_gpt2_keeps_special_ids_inside_the_vocabulary():
-    config = models.preset_config("gpt2-tiny")
+    config = sources.preset_config("gpt2-tiny")
     assert config.eos_token_id < config.vocab_size
     assert config.bos_token_id < config.vocab_size
 
 
 def test_unknown_preset_names_it(tmp_path):
     with pytest.raises(DecodelabError, match="gpt5-huge"):
-        models.preset_config("gpt5-huge")
+        sources.preset_config("gpt5-huge")
     with pytest.raises(DecodelabError, match="gpt5-huge"):
-        models.prepare(init_spec("gpt5-huge"), tmp_path / "m")
+        shapes.preset_positions("gpt5-huge")
+    with pytest.raises(DecodelabError, match="gpt5-huge"):
+        sources.prepare(init_spec("gpt5-huge"), tmp_path / "m")
 
 
 def test_failed_prepare_leaves_no_partial_dir(tmp_path):
     with pytest.raises(DecodelabError):
-        models.prepare(init_spec("gpt5-huge"), tmp_path / "m")
+        sources.prepare(init_spec("gpt5-huge"), tmp_path / "m")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_source_is_refused(tmp_path):
     with pytest.raises(DecodelabError, match="train"):
-        models.prepare({"source": "train"}, tmp_path / "m")
+        sources.prepare({"source": "train"}, tmp_path / "m")
 
 
 # local source
@@ -176,15 +190,15 @@ def test_local_without_config_names_the_path(tmp_path):
     src.mkdir()
     (src / "model.safetensors").write_bytes(b"")
     with pytest.raises(DecodelabError, match="not-a-model") as err:
-        models.prepare({"source": "local", "path": str(src)}, tmp_path / "m")
+        sources.prepare({"source": "local", "path": str(src)}, tmp_path / "m")
     assert "config.json" in str(err.value)
     assert not (tmp_path / "m").exists()
-    assert not models.partial_dir(tmp_path / "m").exists()
+    assert not sources.partial_dir(tmp_path / "m").exists()
 
 
 def test_local_materialises_a_loadable_copy(tmp_path, tiny_dir):
     out = tmp_path / "m"
-    models.prepare({"source": "local", "path": str(tiny_dir)}, out)
+    sources.prepare({"source": "local", "path": str(tiny_dir)}, out)
     assert same_weights(weights(out), weights(tiny_dir))
     manifest = models.read_manifest(out)
     assert manifest["source"] == "local"
@@ -224,7 +238,7 @@ def build_hub_cache(cache: Path, repo: str, commit: str, files: dict[str, Path])
 RUNNER = r"""
 import json, sys, traceback
 import huggingface_hub.constants as hc
-from decodelab import models
+from decodelab import sources
 from decodelab.errors import DecodelabError
 
 cache, jobs = sys.argv[1], json.loads(sys.argv[2])
@@ -233,7 +247,7 @@ assert hc.HF_HUB_CACHE == cache, (hc.HF_HUB_CACHE, cache)
 results = []
 for spec, out in jobs:
     try:
-        models.prepare(spec, out)
+        sources.prepare(spec, out)
         results.append({"ok": True})
     except DecodelabError as err:
         results.append({
@@ -247,7 +261,7 @@ print(json.dumps(results))
 
 
 def prepare_hf_offline(tmp_path: Path, cache: Path, jobs: list[tuple[dict, Path]]) -> list[dict]:
-    """Run `models.prepare` for each (spec, out) in a fresh interpreter, offline, on `cache`."""
+    """Run `sources.prepare` for each (spec, out) in a fresh interpreter, offline, on `cache`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.pop("TRANSFORMERS_CACHE", None)
     env |= {
@@ -315,7 +329,7 @@ def test_hf_offline_missing_revision_or_repo_points_to_init_and_local(tmp_path, 
         assert result["traceback_lines"] < 10
     for name in ("a", "b"):
         assert not (tmp_path / name).exists()
-        assert not models.partial_dir(tmp_path / name).exists()
+        assert not sources.partial_dir(tmp_path / name).exists()
 
 
 def test_hf_snapshot_without_safetensors_is_refused(tmp_path, tiny_dir):
@@ -332,4 +346,4 @@ def test_hf_snapshot_without_safetensors_is_refused(tmp_path, tiny_dir):
     assert result["ok"] is False
     assert "safetensors" in result["message"]
     assert not (tmp_path / "m").exists()
-    assert not models.partial_dir(tmp_path / "m").exists()
+    assert not sources.partial_dir(tmp_path / "m").exists()

@@ -254,10 +254,11 @@ def test_planted_step_is_found_where_it_starts(seed):
 def test_negative_control_smooth_noise_has_no_change_point():
     found = []
     for seed in range(40):
+        processes = per_process(raw_runs(seed, noise=0.06))  # the same curves for both models
+        spikes = detect_spikes(processes, "total_s", BY)  # the rule's metric that is compared
         for model, min_size in (("linear", 3), ("constant", 2)):
-            runs = raw_runs(seed, noise=0.06)
             settings = {**SETTINGS, "model": model, "min_size": min_size}
-            _, curves = cp.find_changepoints(per_process(runs), rule(runs), **settings)
+            _, curves = cp.find_changepoints(processes, spikes, **settings)
             found += [(seed, model, b) for b in curves["changepoint_budgets"] if b]
     assert len(found) <= 2, found  # about a 2.5% false-alarm rate per curve at most
 
@@ -374,7 +375,8 @@ def mixed_runs() -> pd.DataFrame:
 
 
 def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
-    from decodelab import figures, paper
+    from decodelab import figures
+    from decodelab.paper import regime_depth
 
     rc, stats_dir = run_verb(tmp_path, mixed_runs())
     assert rc == 0
@@ -385,15 +387,17 @@ def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
     pooled = phases_table[phases_table["scope"] == "backend"].set_index("backend")
     assert pooled.loc["mps", "decision"] == "decode"
     assert pooled.loc["cpu", "decision"] == phases.NOT_APPLICABLE
-    t = paper.read_regime_depth(stats_dir, paper.REGIME_DEPTH)
-    macros, flags = paper.regime_depth_macros(t, {"regimes": DEPTH_SPEC})
+    section = regime_depth.parts(stats_dir, {"regimes": DEPTH_SPEC})
+    macros, flags = section.macros, section.flags
     assert flags["RegimeDepthReady"] and flags["PhaseTestApplies"] and flags["MemoryApplies"]
-    assert set(macros) == set(paper.DEPTH_MACROS)  # the placeholders cover every macro
+    placeholders = regime_depth.parts(tmp_path / "nothing", {"regimes": DEPTH_SPEC})
+    assert set(placeholders.macros) == set(macros)  # the placeholders cover every macro
+    assert set(placeholders.flags) == set(flags)
     assert macros["PhaseNumSpikes"] == "1" and macros["PhaseNumDecode"] == "1"
     assert macros["PhaseNoSpikeBackends"] == "CPU"
     assert "CPU: " in macros["MemNotApplicable"] and "MPS driver" in macros["MemNotApplicable"]
     assert macros["ChgModel"] == "piecewise linear" and macros["ChgNumChangePoints"] == "0"
-    table = paper.regime_depth_table(t)
+    table = section.files["tab_regime_depth.tex"]
     assert "nan" not in table.lower() and table.count(r"\\") >= 3
     drawn = figures.regime_depth_figures(stats_dir, tmp_path / "fig")
     assert sorted(p.name for p in drawn) == ["changepoints.pdf", "changepoints.png",
@@ -401,12 +405,13 @@ def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
 
 
 def test_paper_macros_without_the_rule_are_placeholders(tmp_path):
-    from decodelab import paper
+    from decodelab.paper import regime_depth
 
-    assert paper.read_regime_depth(tmp_path, paper.REGIME_DEPTH) is None
-    macros, flags = paper.regime_depth_macros(None, {})
-    assert not flags["RegimeDepthReady"] and set(macros.values()) == {"--"}
-    assert "no regime analysis in depth" in paper.regime_depth_table(None)
+    assert regime_depth.read_regime_depth(tmp_path) is None
+    section = regime_depth.parts(tmp_path, {"regimes": DEPTH_SPEC})
+    assert not any(section.flags.values()) and "RegimeDepthReady" in section.flags
+    assert set(section.macros.values()) == {"--"} and "ChgModel" in section.macros
+    assert "no regime analysis in depth" in section.files["tab_regime_depth.tex"]
 
 
 def test_verb_rejects_bad_input_with_a_message(tmp_path, capsys):
@@ -427,7 +432,7 @@ def test_verb_rejects_bad_input_with_a_message(tmp_path, capsys):
 
 
 def test_step_ups_reach_the_papers_macros(tmp_path):
-    from decodelab import paper
+    from decodelab.paper import regime_depth
 
     runs = raw_runs(0)
     longest = runs["budget"] == runs["budget"].max()
@@ -437,8 +442,8 @@ def test_step_ups_reach_the_papers_macros(tmp_path):
     runs["step_launch_s"] = runs["step_s"].map(lambda s: 0.9 * s)  # a thread kept waiting
     rc, stats_dir = run_verb(tmp_path, runs)
     assert rc == 0
-    t = paper.read_regime_depth(stats_dir, paper.REGIME_DEPTH)
-    macros, flags = paper.regime_depth_macros(t, {"regimes": DEPTH_SPEC})
+    t = regime_depth.read_regime_depth(stats_dir)
+    macros, flags = regime_depth.regime_depth_macros(t, {"regimes": DEPTH_SPEC})
     assert flags["AnyOnsets"] and macros["OnsetSteps"] == "31"
     assert macros["OnsetRuns"] == str(int(longest.sum()))
     assert "MPS" in macros["OnsetWhere"]
@@ -452,7 +457,7 @@ def test_step_ups_reach_the_papers_macros(tmp_path):
 def test_paper_compiles_with_the_regime_depth_section(tmp_path, spikes):
     import shutil
 
-    from test_figures_paper import build_paper, overfull, write_stats
+    from fixtures import build_paper, overfull, write_stats
 
     stats_dir = write_stats(tmp_path / "stats", backends=("cpu", "mps"))
     runs = mixed_runs() if spikes else raw_runs(1, backend="cpu")

@@ -1,13 +1,14 @@
 """The HTML report (`make report`) in a real browser: Debian's Chromium, driven by Playwright, opens
 the report of the default run (the e2e run, shared), walks its menu and views every figure."""
 
-import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from test_workflow import ROOT
+
+from decodelab import tables
 
 CHROMIUM = Path("/usr/bin/chromium")
 # A closed network: nothing in Chromium may try to reach out (updates, sync, QUIC probes).
@@ -47,21 +48,10 @@ def figure_categories() -> dict[str, str]:
     return dict(marked)
 
 
-def table_category():
-    """`report_category` of workflow/rules/common.smk (with REPORT_CATEGORY), run as it is."""
-    common = (ROOT / "workflow/rules/common.smk").read_text()
-    source = re.search(r"^REPORT_CATEGORY = \{.*?^def report_category\(.*?(?=^\S|\Z)", common,
-                       re.M | re.S)
-    assert source, "REPORT_CATEGORY and report_category() not found in common.smk"
-    namespace: dict = {}
-    exec(compile(ast.parse(source.group(0)), "common.smk", "exec"), namespace)
-    return namespace["report_category"]
-
-
 def expected_categories() -> set[str]:
-    common = (ROOT / "workflow/rules/common.smk").read_text()
-    mapping = re.search(r"^REPORT_CATEGORY = (\{.*?^\})", common, re.M | re.S).group(1)
-    return set(figure_categories().values()) | set(ast.literal_eval(mapping).values())
+    """The figures' categories and the merged tables' (the merge_hosts rule reads them from
+    decodelab.tables)."""
+    return set(figure_categories().values()) | {t.category for t in tables.TABLES}
 
 
 def pattern_regex(pattern: str) -> re.Pattern:
@@ -198,11 +188,10 @@ def test_every_figure_is_under_its_category_and_draws(visit):
 
 
 def test_every_merged_table_is_under_its_category(visit, default_dag):
-    category_of = table_category()
-    tables = sorted((default_dag / "results/combined/stats").glob("*.csv"))
-    assert tables
-    for table in tables:
-        category = visit.categories.get(category_of(table.stem), {})
+    merged = sorted((default_dag / "results/combined/stats").glob("*.csv"))
+    assert merged
+    for table in merged:
+        category = visit.categories.get(tables.report_category(table.stem), {})
         shown = [p for paths in category.values() for p in paths]
         assert f"results/combined/stats/{table.name}" in shown, table.name
 

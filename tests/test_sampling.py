@@ -6,13 +6,12 @@ from scipy import stats
 
 from decodelab.sampling import (
     emitted_distribution,
-    expected_speedup,
-    expected_tokens_per_call,
     greedy_accept,
     sample,
     speculative_accept,
     warp,
 )
+from decodelab.theory import expected_speedup, expected_tokens_per_call
 
 # A fixed pair with beta = sum(min(p, q)) = 0.45 and a token (3) the draft can never propose.
 P = torch.tensor([0.30, 0.05, 0.20, 0.02, 0.13, 0.10, 0.15, 0.05], dtype=torch.float64)

@@ -65,8 +65,9 @@ JOBS = {"prepare_model": 2, "sweep": 2, "speculative": 1, "parallelism": 1, "ver
 WHOLE_NODE = {"sweep", "speculative", "parallelism", "verify_real"}  # threads: workflow.cores
 NOTICE_S = 400  # the plugin's status checks come at most 180 s apart
 SLURM = ["--executor", "slurm", "--workflow-profile", "profiles/slurm",
-         # the plugin waits 40 s before its first status check by default
-         "--slurm-init-seconds-before-status-checks", "2"]
+         # the plugin waits 40 s before its first status check by default, and 10 s more after
+         # each check that finds no job finished
+         "--slurm-init-seconds-before-status-checks", "1"]
 
 
 def workflow_copy(root: Path) -> Path:
@@ -93,10 +94,23 @@ def run(workdir: Path, cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def local_tree(tmp_path_factory) -> Path:
+def local_run(tmp_path_factory):
+    """The local run, started before the SLURM run so that it goes on while SLURM jobs wait:
+    (its workflow copy, its process)."""
     workdir = workflow_copy(tmp_path_factory.mktemp("local"))
-    out = run(workdir, command())
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with open(workdir / "local.log", "w") as out:
+        proc = subprocess.Popen(command(), cwd=workdir, env=env(), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        yield workdir, proc
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def local_tree(local_run) -> Path:
+    workdir, proc = local_run
+    assert proc.wait(timeout=1200) == 0, (workdir / "local.log").read_text()[-6000:]
     return workdir
 
 
@@ -126,7 +140,7 @@ def cancel_when_measuring(cluster, workdir: Path, proc: subprocess.Popen) -> str
 
 
 @pytest.fixture(scope="module")
-def slurm_run(slurm_cluster, tmp_path_factory) -> SlurmRun:  # noqa: F811
+def slurm_run(slurm_cluster, local_run, tmp_path_factory) -> SlurmRun:  # noqa: F811
     workdir = workflow_copy(tmp_path_factory.mktemp("slurm"))
     log = workdir / "first.log"
     with open(log, "w") as out:

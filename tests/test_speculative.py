@@ -2,11 +2,12 @@ import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
 
-from decodelab import models
+from decodelab import models, sources
+from decodelab.config import Sampling
 from decodelab.decode import decode
 from decodelab.devices import available_backends
 from decodelab.errors import DecodelabError
-from decodelab.speculative import Sampling, feed, generate, rollback
+from decodelab.speculative import feed, generate, rollback
 
 DEVICE_PAIRS = [(t, d) for t in ("cpu", "cuda", "mps") for d in ("cpu", "cuda", "mps")]
 
@@ -14,8 +15,8 @@ DEVICE_PAIRS = [(t, d) for t in ("cpu", "cuda", "mps") for d in ("cpu", "cuda", 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
-    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, root / "target")
-    models.prepare({"source": "init", "preset": "opt-tiny", "seed": 2}, root / "draft")
+    sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, root / "target")
+    sources.prepare({"source": "init", "preset": "opt-tiny", "seed": 2}, root / "draft")
     return root / "target", root / "draft"
 
 

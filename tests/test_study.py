@@ -4,12 +4,13 @@ import pandas as pd
 import pytest
 
 from decodelab import models, stats, study
+from decodelab.config import Confidence
 
 SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
         "top_p": 1.0, "prompts": 2, "prompt_len": 8, "budget": 12, "hf_assisted": True,
         "seed": 3}
 PAIR = {"target_device": "cpu", "draft_device": "cpu", "dtype": "float32"}
-CI = (0.9, 200, 0)
+CI = Confidence(0.9, 200, 0)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_study_tables_are_consistent(runs):
 
 
 def test_alpha_inversion_recovers_the_planted_value():
-    from decodelab.sampling import expected_tokens_per_call
+    from decodelab.theory import expected_tokens_per_call
 
     for alpha in (0.0, 0.3, 0.7, 0.95):
         for k in (1, 4, 8):

@@ -1,7 +1,7 @@
 import pytest
 from transformers import AutoConfig
 
-from decodelab import models, sweep
+from decodelab import sources, sweep
 from decodelab.errors import DecodelabError
 
 SPEC = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 2,
@@ -11,7 +11,7 @@ SPEC = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_rep
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("m") / "gpt2-tiny"
-    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
+    sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
     return out
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config
 
-from decodelab import models
+from decodelab import models, sources
 from decodelab import train as T
 from decodelab.errors import DecodelabError
 
@@ -27,10 +27,10 @@ CODE = 'def f(x: int) -> str:\n    """Ünïcödé — π ≈ 3.14159"""\n\tretur
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    """A tiny target and a draft distilled from it, made through `models.prepare`."""
+    """A tiny target and a draft distilled from it, made through `sources.prepare`."""
     root = tmp_path_factory.mktemp("train")
-    models.prepare(TINY, root / "target")
-    models.prepare(DRAFT, root / "draft", teacher_dir=root / "target")
+    sources.prepare(TINY, root / "target")
+    sources.prepare(DRAFT, root / "draft", teacher_dir=root / "target")
     return root / "target", root / "draft"
 
 
@@ -161,7 +161,7 @@ def test_prepare_writes_a_loadable_dir_and_manifest(pair):
     target, _ = pair
     for name in ("config.json", "model.safetensors", "tokenizer.json", models.MANIFEST):
         assert (target / name).is_file()
-    assert not models.partial_dir(target).exists()
+    assert not sources.partial_dir(target).exists()
     model = models.load(target, "cpu")
     assert model.config.model_type == "gpt2" and model.config.n_layer == TINY["n_layer"]
     tok = AutoTokenizer.from_pretrained(target)
@@ -214,7 +214,7 @@ def test_heldout_prompts_are_deterministic_and_heldout(pair):
 
 
 def test_an_init_model_gets_seeded_random_prompts_in_its_vocabulary(tmp_path):
-    models.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, tmp_path / "m")
+    sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, tmp_path / "m")
     prompts = T.heldout_prompts(tmp_path / "m", 3, 8, 0)
     assert prompts == T.heldout_prompts(tmp_path / "m", 3, 8, 0)
     assert prompts != T.heldout_prompts(tmp_path / "m", 3, 8, 1)
@@ -250,18 +250,18 @@ def test_a_pretrained_model_gets_heldout_text_through_its_own_tokenizer(pair, tm
 def test_bad_spec_names_the_key(tmp_path, change, key):
     spec = {k: v for k, v in (TINY | change).items() if v is not None}
     with pytest.raises(DecodelabError, match=repr(key)):
-        models.prepare(spec, tmp_path / "m")
-    assert not (tmp_path / "m").exists() and not models.partial_dir(tmp_path / "m").exists()
+        sources.prepare(spec, tmp_path / "m")
+    assert not (tmp_path / "m").exists() and not sources.partial_dir(tmp_path / "m").exists()
 
 
 def test_draft_vocab_must_match_the_teacher(pair, tmp_path):
     target, _ = pair
     with pytest.raises(DecodelabError, match="'vocab_size'"):
-        models.prepare(DRAFT | {"vocab_size": 512}, tmp_path / "d", teacher_dir=target)
+        sources.prepare(DRAFT | {"vocab_size": 512}, tmp_path / "d", teacher_dir=target)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
 def test_training_on_an_absent_device_is_a_clear_error(tmp_path):
     with pytest.raises(DecodelabError, match="'device' is 'cuda', which is not available"):
-        models.prepare(TINY | {"device": "cuda"}, tmp_path / "m")
+        sources.prepare(TINY | {"device": "cuda"}, tmp_path / "m")
     assert not (tmp_path / "m").exists()

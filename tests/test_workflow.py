@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import prewarmed
 import pytest
 import yaml
-from test_artifact import host_dir
+from fixtures import host_dir
 
-from decodelab.devices import backend_available
+from decodelab.probe import backend_available
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -29,8 +30,7 @@ def copy_workflow(dest: Path) -> Path:
 def snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 1800
               ) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.run([SNAKEMAKE, *args], cwd=workdir, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = prewarmed.run([SNAKEMAKE, *args], workdir, env, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc

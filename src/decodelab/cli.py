@@ -10,39 +10,36 @@ from pathlib import Path
 from .errors import DecodelabError
 
 
-def prepare_model(args):
+def open_job(args, *backends: str) -> dict | None:
+    """The opening of every measuring verb: fail early on a missing backend (on a host of
+    several GPUs, take one of them), set torch's CPU threads (0: torch's default), and return
+    the job's settings (--spec, JSON)."""
     import torch
 
-    from . import models
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    models.prepare(json.loads(args.spec), args.out, teacher_dir=args.teacher_dir,
-                   positions_needed=args.positions_needed)
-
-
-def require_backends(*backends: str) -> None:
-    """Fail early on a missing backend; on a host of several GPUs, take one of them."""
-    from .devices import backend_available, claim_gpu, why_unavailable
+    from .devices import backend_problem, claim_gpu
 
     for backend in backends:
-        if not backend_available(backend):
-            raise DecodelabError(f"backend {backend!r} is not available on this host: "
-                                 f"{why_unavailable(backend)}")
+        if problem := backend_problem(backend):
+            raise DecodelabError(f"backend {backend!r} is not available on this host: {problem}")
     if "cuda" in backends:
         claim_gpu()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return json.loads(args.spec) if args.spec else None
+
+
+def prepare_model(args):
+    from . import sources
+
+    sources.prepare(open_job(args), args.out, teacher_dir=args.teacher_dir,
+                    positions_needed=args.positions_needed)
 
 
 def sweep(args):
-    import torch
-
     from . import sweep as sw
     from .io import write_raw
 
-    require_backends(args.backend)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    spec = json.loads(args.spec)
+    spec = open_job(args, args.backend)
     df = sw.run(args.model_dir, args.model, args.backend, spec, args.repeat, args.experiment)
     write_raw(df, args.out, *sw.expected_rows(spec, args.experiment))
 
@@ -59,8 +56,8 @@ def collect(args):
 def skipped(args):
     import pandas as pd
 
-    from .devices import why_unavailable
     from .io import write_table
+    from .probe import why_unavailable
 
     rows = [{"host": args.host, "backend": b, "reason": why_unavailable(b)} for b in args.backends]
     write_table(pd.DataFrame(rows, columns=["host", "backend", "reason"]), args.out)
@@ -68,13 +65,12 @@ def skipped(args):
 
 def statistics(args):
     from . import stats
+    from .config import Confidence
     from .io import read_table, write_table
 
-    spec = json.loads(args.spec)
-    runs = read_table(args.runs)
-    ci = (spec["confidence"], spec["bootstrap_resamples"], spec["seed"])
-    write_table(stats.latency_table(runs, *ci), args.latency)
-    write_table(stats.kv_speedup_table(runs, *ci), args.kv)
+    runs, ci = read_table(args.runs), Confidence.from_spec(json.loads(args.spec))
+    write_table(stats.latency_table(runs, ci), args.latency)
+    write_table(stats.kv_speedup_table(runs, ci), args.kv)
 
 
 def regimes(args):
@@ -95,48 +91,11 @@ def regimes(args):
 
 
 def regime_depth(args):
-    from . import changepoints, collapse, memory, onsets, phases, variance
-    from . import regimes as rg
-    from .io import read_table, write_table
-    from .stats import GRID, METRICS
+    from . import tables
+    from .regime_depth import depth_tables
 
-    spec = json.loads(args.spec)
-    runs, table = read_table(args.runs), read_table(args.regimes)
-    missing = [c for c in [*GRID, "repeat", *METRICS] if c not in runs.columns]
-    if missing:
-        raise DecodelabError(f"{args.runs}: no column(s) {missing}; rerun the collect rule")
-    if not {"metric", "spike", "ratio_median"} <= set(table.columns):
-        raise DecodelabError(f"{args.regimes}: not a regimes table; rerun the regimes rule")
-    for col in ("use_cache", "spike"):
-        table[col] = table[col].astype(str).str.lower().isin(["true", "1"])
-    mem = [c for c in memory.MEMORY if c in runs.columns]
-    proc = runs.groupby(GRID + ["repeat"], as_index=False)[METRICS + mem].median()
-    window, threshold = spec["window"], spec["threshold"]
-    cp = spec["changepoints"]
-    try:
-        points, curves = changepoints.find_changepoints(
-            proc, table, cp["model"], cp["penalty"], cp["min_size"], cp["noise_floor"])
-    except ValueError as err:
-        raise DecodelabError(f"regimes.changepoints: {err}") from err
-    steps = spec["onsets"]
-    try:
-        step_ups = onsets.find_onsets(runs, steps["factor"], steps["baseline"], steps["run"])
-    except ValueError as err:
-        raise DecodelabError(f"regimes.onsets: {err}") from err
-    var = variance.decompose(runs)
-    out = Path(args.out)
-    write_table(rg.spike_summary(table), out / "regime_summary.csv")
-    write_table(phases.attribute_spikes(proc, table, window, threshold, spec["alpha"]),
-                out / "regime_phases.csv")
-    write_table(var, out / "regime_variance.csv")
-    write_table(variance.summarize(var, spec["alpha"]), out / "regime_variance_summary.csv")
-    write_table(memory.memory_correlation(proc, window, threshold), out / "regime_memory.csv")
-    write_table(points, out / "regime_changepoints.csv")
-    write_table(curves, out / "regime_changepoint_curves.csv")
-    write_table(changepoints.agreement(points), out / "regime_agreement.csv")
-    write_table(collapse.kv_collapse(proc, table, window, threshold, spec["alpha"]),
-                out / "regime_kv_collapse.csv")
-    write_table(step_ups, out / "regime_onsets.csv")
+    frames = depth_tables(Path(args.runs), Path(args.regimes), json.loads(args.spec))
+    tables.write_group(args.out, "regime_depth", frames)
 
 
 def figures(args):
@@ -146,30 +105,21 @@ def figures(args):
 
 
 def speculative(args):
-    import torch
-
     from . import study
     from .io import write_raw
 
-    pair, spec = json.loads(args.pair_spec), json.loads(args.spec)
-    require_backends(pair["target_device"], pair["draft_device"])
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    pair = json.loads(args.pair_spec)
+    spec = open_job(args, pair["target_device"], pair["draft_device"])
     df = study.run(args.target_dir, args.draft_dir, args.pair, pair, spec, args.repeat)
     write_raw(df, args.out, *study.expected_rows(spec, pair))
 
 
 def parallelism(args):
-    import torch
-
     from . import models, study
     from .devices import fingerprint
     from .io import write_raw
 
-    require_backends(args.backend)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    spec = json.loads(args.spec)
+    spec = open_job(args, args.backend)
     model = models.load(args.model_dir, args.backend, spec["dtype"], role="target")
     df = study.parallelism(model, spec["ks"], spec["context"], spec["inner"],
                            spec["seed"] + args.repeat)
@@ -181,40 +131,33 @@ def parallelism(args):
 def speculative_stats(args):
     import pandas as pd
 
-    from . import stats
-    from .io import read_raw, write_table
+    from . import stats, tables
+    from .config import Confidence
+    from .io import read_raw
 
-    spec = json.loads(args.spec)
-    ci = (spec["confidence"], spec["bootstrap_resamples"], spec["seed"])
+    ci = Confidence.from_spec(json.loads(args.spec))
     runs = pd.concat([read_raw(p, "speculative") for p in args.runs], ignore_index=True)
     par = pd.concat([read_raw(p, "parallelism") for p in args.parallelism], ignore_index=True)
     proc = stats.spec_per_process(runs)
     acceptance = stats.acceptance_table(proc, ci)
     speedup = stats.speedup_table(proc, ci)
-    out = Path(args.out)
-    write_table(acceptance, out / "speculative_acceptance.csv")
-    write_table(speedup, out / "speculative_speedup.csv")
-    write_table(stats.theory_table(proc, speedup, acceptance), out / "speculative_theory.csv")
-    write_table(stats.hf_table(proc, runs, ci), out / "speculative_hf.csv")
-    write_table(stats.parallelism_table(par, ci), out / "speculative_parallelism.csv")
+    tables.write_group(args.out, "speculative", {
+        "acceptance": acceptance, "speedup": speedup,
+        "theory": stats.theory_table(proc, speedup, acceptance),
+        "hf": stats.hf_table(proc, runs, ci), "parallelism": stats.parallelism_table(par, ci)})
 
 
 def verify(args):
-    import torch
-
     from . import verify as vf
     from .io import write_report
 
-    spec = json.loads(args.spec)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    pair = json.loads(args.pair_spec) if args.level == "real" else {}
+    spec = open_job(args, *(pair[d] for d in ("target_device", "draft_device") if d in pair))
     if args.level == "exact":
         out = vf.run_exact(spec, args.target_dir, args.draft_dir, spec["seed"])
     elif args.level == "monte-carlo":
         out = vf.run_monte_carlo(spec)
     else:
-        pair = json.loads(args.pair_spec)
-        require_backends(pair["target_device"], pair["draft_device"])
         out = vf.run_real(spec, args.pair, pair, args.target_dir, args.draft_dir, spec["seed"])
     write_report(out, args.out)
 
@@ -225,18 +168,21 @@ def verify_rule(report: str) -> str:
     return "verify_real" if stem.startswith("real_") else f"verify_{stem}"
 
 
+REPORT_KEYS = {"levels": "results"}  # a verification table -> its rows' key in the reports
+
+
 def verification_stats(args):
     import pandas as pd
 
-    from .io import read_report, write_table
+    from . import tables
+    from .io import read_report
 
     reports = [read_report(p, verify_rule(p)) for p in args.reports]
-    out = Path(args.out)
-    for key, name in [("results", "levels"), ("power", "power"), ("pvalues", "pvalues"),
-                      ("tokens", "tokens"), ("greedy", "greedy")]:
-        rows = [r for report in reports for r in report.get(key, [])]
-        table = pd.DataFrame(rows).drop(columns=["detail"], errors="ignore")
-        write_table(table, out / f"verification_{name}.csv")
+    frames = {}
+    for key in (t.key for t in tables.group("verification")):
+        rows = [r for report in reports for r in report.get(REPORT_KEYS.get(key, key), [])]
+        frames[key] = pd.DataFrame(rows).drop(columns=["detail"], errors="ignore")
+    tables.write_group(args.out, "verification", frames)
 
 
 def verification_figures(args):
@@ -246,26 +192,18 @@ def verification_figures(args):
 
 
 def bench(args):
-    """Ours against HF assisted generation and plain decoding, side by side in one process."""
-    import torch
-
+    """Ours against HF assisted generation and plain decoding, side by side in one process: the
+    study's settings from --config, greedy, on one of its configurations."""
     from . import stats, study
+    from .config import bench_settings
     from .io import write_table
 
-    torch.set_num_threads(args.threads or torch.get_num_threads())
-    spec = {"ks": args.ks, "modes": ["greedy"], "temperature": 1.0, "top_k": 0, "top_p": 1.0,
-            "prompts": args.prompts, "prompt_len": 32, "budget": args.budget,
-            "hf_assisted": True, "seed": 0}
-    pair = {"target_device": args.device, "draft_device": args.device, "dtype": "float32"}
-    runs = study.run(args.target_dir, args.draft_dir, "bench", pair, spec, repeat=0)
-    proc = stats.spec_per_process(runs)
-    table = proc.pivot_table(index="k", columns="method", values="total_s")
-    base = table.loc[0, "autoregressive"]
-    table = table.drop(index=0)[["speculative", "hf_assisted"]].assign(
-        speedup_vs_plain=lambda t: base / t["speculative"],
-        hf_speedup_vs_plain=lambda t: base / t["hf_assisted"],
-        ours_over_hf=lambda t: t["hf_assisted"] / t["speculative"])
-    table.insert(0, "plain", base)
+    pair, spec = bench_settings(args.config, args.pair, ks=args.ks, prompts=args.prompts,
+                                budget=args.budget)
+    open_job(args, pair.target_device, pair.draft_device)
+    runs = study.run(args.target_dir, args.draft_dir, "bench", pair.job_spec(), spec.job_spec(),
+                     repeat=0)
+    table = stats.method_ratios(stats.spec_per_process(runs))
     write_table(table.reset_index(), args.out)
     print(table.round(3).to_string())
 
@@ -293,11 +231,11 @@ def settings(args):
 
 
 def paper(args):
-    from . import paper as pp
+    from .paper.build import build
 
     settings = json.loads(Path(args.settings).read_text())
-    pp.build(Path(args.sources), Path(args.stats), Path(args.figures), settings,
-             Path(args.build_dir), Path(args.out))
+    build(Path(args.sources), Path(args.stats), Path(args.figures), settings,
+          Path(args.build_dir), Path(args.out))
 
 
 def positive_count(text: str) -> int:
@@ -477,13 +415,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("bench", help="speculative vs HF assisted vs plain decoding, as ratios")
     p.add_argument("--target-dir", required=True)
     p.add_argument("--draft-dir", required=True)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
-    p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 6, 8])
-    p.add_argument("--prompts", type=int, default=6)
-    p.add_argument("--budget", type=int, default=96)
+    p.add_argument("--config", default="config.yaml", help="the study's settings (speculative)")
+    p.add_argument("--pair", default="cpu-cpu", help="the configuration: devices and dtype")
+    p.add_argument("--ks", type=int, nargs="+", help="instead of the config's speculative.ks")
+    p.add_argument("--prompts", type=int, help="instead of the config's speculative.prompts")
+    p.add_argument("--budget", type=int, help="instead of the config's speculative.budget")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
-    p.set_defaults(func=bench)
+    p.set_defaults(func=bench, spec=None)
 
     p = verbs.add_parser("model-table", help="one row per prepared model, from its manifest")
     p.add_argument("--out", required=True)

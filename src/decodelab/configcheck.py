@@ -7,6 +7,7 @@ model entry runs to 60 lines and never names the key. `schema_problem` names the
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -103,3 +104,21 @@ def bounds(schema: dict) -> str:
     signs = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<",
              "minLength": "of length >="}
     return "".join(f" {sign} {schema[key]}" for key, sign in signs.items() if key in schema)
+
+
+def with_defaults(instance, schema: dict):
+    """`instance` with the schema's defaults filled in, all the way down (as Snakemake's
+    `validate` fills them)."""
+    if not isinstance(instance, dict):
+        return instance
+    properties, out = schema.get("properties", {}), dict(instance)
+    for key, sub in properties.items():
+        if key not in out and "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])
+        if key in out:
+            out[key] = with_defaults(out[key], sub)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key in out.keys() - properties.keys():
+            out[key] = with_defaults(out[key], extra)
+    return out

@@ -1,4 +1,5 @@
-"""Backends: what exists, how to synchronize them, how to time and probe memory, and who we are."""
+"""Backends under torch: whether one really runs here, how to synchronize them, how to time and
+probe memory, and who we are. The DAG's torch-free guess of what exists is `probe.py`."""
 
 from __future__ import annotations
 
@@ -21,33 +22,37 @@ from pathlib import Path
 import psutil
 import torch
 
+from . import probe
 from .errors import DecodelabError
 
-BACKENDS = ("cpu", "cuda", "mps")
+
+def backend_problem(backend: str) -> str:
+    """Why torch cannot run `backend` here, or ''. The DAG planned on the torch-free probe's
+    guess; this is the check that counts, and it says so where the probe guessed wrong."""
+    if backend == "cuda" and not torch.cuda.is_available():
+        return probe.why_unavailable("cuda") or cuda_miss()
+    if backend == "mps" and not torch.backends.mps.is_available():
+        return probe.why_unavailable("mps") or mps_miss()
+    if backend in ("cuda", "mps"):
+        return ""
+    return probe.why_unavailable(backend)  # cpu: '', an unknown name: ValueError
 
 
-def backend_available(backend: str) -> bool:
-    if backend == "cpu":
-        return True
-    if backend == "cuda":
-        return torch.cuda.is_available()
-    if backend == "mps":
-        return torch.backends.mps.is_available()
-    raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+def cuda_miss() -> str:
+    build = probe.torch_build()
+    kind, toolkit = probe.toolkit(build)
+    return (f"torch.cuda.is_available() is False, though torch {build['__version__']} is built "
+            f"for {toolkit} and this host has {probe.gpu_node(kind)} (a driver older than "
+            f"{toolkit}? a GPU this process may not open?)")
+
+
+def mps_miss() -> str:
+    return (f"torch.backends.mps.is_available() is False on macOS {platform.mac_ver()[0]} "
+            f"(torch.backends.mps.is_built() is {torch.backends.mps.is_built()})")
 
 
 def available_backends() -> list[str]:
-    return [b for b in BACKENDS if backend_available(b)]
-
-
-def why_unavailable(backend: str) -> str:
-    if backend == "cuda":
-        return "torch.cuda.is_available() is False (no NVIDIA GPU or a CPU-only torch build)"
-    if backend == "mps":
-        if not torch.backends.mps.is_built():
-            return "this torch build has no MPS support (MPS needs macOS on Apple silicon)"
-        return "torch.backends.mps.is_available() is False (needs macOS 12.3+ on Apple silicon)"
-    return ""
+    return [b for b in probe.BACKENDS if not backend_problem(b)]
 
 
 _claimed: dict[str, object] = {}

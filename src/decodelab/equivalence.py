@@ -30,9 +30,10 @@ import numpy as np
 import torch
 from scipy import stats
 
+from .config import Sampling
 from .decode import decode
 from .sampling import emitted_distribution, sample, speculative_accept, warp
-from .speculative import Sampling, device_of, generate
+from .speculative import device_of, generate
 
 TOL = 1e-9  # level 1: the closed forms must equal p to this, in float64
 MIN_EXPECTED = 5.0  # chi-square bins are pooled until each expects at least this many

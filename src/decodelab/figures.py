@@ -19,11 +19,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from . import tables
 from .io import as_bool
+from .tables import BACKEND_LABELS, ordered_backends
 
-BACKEND_ORDER = ("cpu", "cuda", "mps")
 BACKEND_COLORS = {"cpu": "#4C72B0", "cuda": "#55A868", "mps": "#C44E52"}
-BACKEND_LABELS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
 LINESTYLES = ("-", "--", ":", "-.")
 PHASES = (("total_s", "total"), ("prefill_s", "prefill"), ("decode_s", "decode (all steps)"))
 WIDTH_IN = 6.5            # \textwidth of the paper (article, 1in margins on letter/a4)
@@ -44,11 +44,6 @@ STYLE = {
 
 def backend_color(backend: str) -> str:
     return BACKEND_COLORS.get(backend, "#7F7F7F")
-
-
-def ordered_backends(df: pd.DataFrame) -> list[str]:
-    present = set(df["backend"]) if len(df) else set()
-    return [b for b in BACKEND_ORDER if b in present] + sorted(present - set(BACKEND_ORDER))
 
 
 def ordered_models(df: pd.DataFrame) -> list[str]:
@@ -193,7 +188,8 @@ def latency_figure(latency: pd.DataFrame, regimes: pd.DataFrame, out_stem: Path)
     """Cache-on latency vs budget: one row per model; total, prefill and decode side by side."""
     sweep = cache_on_sweep(latency)
     spikes = spike_budgets(regimes)
-    models, backends, all_variants = ordered_models(sweep), ordered_backends(sweep), variants(sweep)
+    models, all_variants = ordered_models(sweep), variants(sweep)
+    backends = ordered_backends(sweep["backend"])
     with rc_context(STYLE):
         fig, axes = new_figure(max(1, len(models)), len(PHASES))
         for c, (metric, title) in enumerate(PHASES):
@@ -239,7 +235,8 @@ def draw_kv_panel(ax, rows: pd.DataFrame, backends: list[str], all_variants: lis
 def kv_figure(kv: pd.DataFrame, out_stem: Path) -> list[Path]:
     """KV-cache speedup on total latency (cache off / cache on) vs budget, a panel per model."""
     total = kv[kv["metric"] == "total_s"] if len(kv) else kv
-    models, backends, all_variants = ordered_models(total), ordered_backends(total), variants(total)
+    models, all_variants = ordered_models(total), variants(total)
+    backends = ordered_backends(total["backend"])
     ncols = min(3, max(1, len(models)))
     nrows = max(1, math.ceil(len(models) / ncols))
     log = wants_log(total["ci_low"].to_numpy(), total["ci_high"].to_numpy())
@@ -261,32 +258,17 @@ def kv_figure(kv: pd.DataFrame, out_stem: Path) -> list[Path]:
 def draw_all(stats_dir: Path, out_dir: Path) -> list[Path]:
     """Both figures from a stats directory (the `figures` rule's job)."""
     stats_dir, out_dir = Path(stats_dir), Path(out_dir)
-    read = lambda name: pd.read_csv(stats_dir / f"{name}.csv")  # noqa: E731
-    return (latency_figure(read("latency"), read("regimes"), out_dir / "latency")
-            + kv_figure(read("kv_speedup"), out_dir / "kv_speedup")
+    latency, regimes = tables.read(stats_dir, "latency"), tables.read(stats_dir, "regimes")
+    return (latency_figure(latency, regimes, out_dir / "latency")
+            + kv_figure(tables.read(stats_dir, "kv_speedup"), out_dir / "kv_speedup")
             + regime_depth_figures(stats_dir, out_dir))
 
 
 # -----------------------------------------------------------------------------
 # regimes in depth: variance between processes, memory, prefill vs decode, change points
 
-REGIME_DEPTH_TABLES = ("phases", "variance_summary", "memory", "changepoints")
 MEMORY_LABELS = {"mem_cuda_peak_bytes": "CUDA\nalloc.", "mem_mps_current_bytes": "MPS\nalloc.",
                  "mem_mps_driver_bytes": "MPS\ndriver", "rss_bytes": "RSS"}
-
-
-def read_regime_depth(stats_dir: Path, names=REGIME_DEPTH_TABLES
-                      ) -> dict[str, pd.DataFrame] | None:
-    """The regime_depth rule's tables `names`, or None when that rule has not run."""
-    paths = {name: Path(stats_dir) / f"regime_{name}.csv" for name in names}
-    if not all(p.exists() for p in paths.values()):
-        return None
-    tables = {name: pd.read_csv(p) for name, p in paths.items()}
-    for df in tables.values():
-        for col in ("use_cache", "changepoint", "spike"):
-            if col in df:
-                df[col] = as_bool(df[col])
-    return tables
 
 
 def variance_panel(ax, summary: pd.DataFrame) -> None:
@@ -296,7 +278,7 @@ def variance_panel(ax, summary: pd.DataFrame) -> None:
     if not len(rows):
         empty_panel(ax, "no configuration with\nseveral processes and\ninner repeats")
         return
-    families, backends = sorted(rows["family"].unique()), ordered_backends(rows)
+    families, backends = sorted(rows["family"].unique()), ordered_backends(rows["backend"])
     width = 0.8 / len(backends)
     for j, backend in enumerate(backends):
         part = rows[rows["backend"] == backend].set_index("family")
@@ -316,7 +298,7 @@ def memory_panel(ax, memory: pd.DataFrame) -> None:
     """R^2 of the latency excess on each memory column, per backend; n/a where not recorded."""
     ok = memory[memory["status"] == "ok"]
     columns = [c for c in MEMORY_LABELS if c in set(memory["column"])]
-    backends = ordered_backends(memory)
+    backends = ordered_backends(memory["backend"])
     if not len(memory):
         empty_panel(ax)
         return
@@ -345,7 +327,7 @@ def phases_panel(ax, phases: pd.DataFrame) -> None:
     if not len(spikes):
         empty_panel(ax, "no spike flagged:\nprefill/decode test\nnot applicable")
         return
-    backends = ordered_backends(spikes)
+    backends = ordered_backends(spikes["backend"])
     for j, backend in enumerate(backends):
         y = spikes.loc[spikes["backend"] == backend, "decode_share"].to_numpy()
         x = j + np.linspace(-0.15, 0.15, len(y)) if len(y) > 1 else np.array([j])
@@ -367,8 +349,8 @@ def regime_depth_figure(t: dict[str, pd.DataFrame], out_stem: Path) -> list[Path
         variance_panel(axes[0, 0], t["variance_summary"])
         memory_panel(axes[0, 1], t["memory"])
         phases_panel(axes[0, 2], t["phases"])
-        backends = ordered_backends(pd.concat([t["memory"][["backend"]],
-                                               t["variance_summary"][["backend"]]]))
+        backends = ordered_backends([*t["memory"]["backend"],
+                                     *t["variance_summary"]["backend"]])
         handles = [Line2D([], [], color=backend_color(b), linewidth=4,
                           label=BACKEND_LABELS.get(b, b)) for b in backends]
         if handles:
@@ -380,7 +362,7 @@ def changepoints_figure(points: pd.DataFrame, out_stem: Path) -> list[Path]:
     """Decode latency per token vs budget, a row per model, cache on (sweep) and off
     (ablation); dashed lines where a change point starts a segment, stars at flagged spikes."""
     columns = (("sweep", True, "cache on (sweep)"), ("ablation", False, "cache off (ablation)"))
-    models, backends = ordered_models(points), ordered_backends(points)
+    models, backends = ordered_models(points), ordered_backends(points["backend"])
     with rc_context(STYLE):
         fig, axes = new_figure(max(1, len(models)), len(columns))
         for c, (experiment, cache, title) in enumerate(columns):
@@ -420,7 +402,7 @@ def changepoints_figure(points: pd.DataFrame, out_stem: Path) -> list[Path]:
 
 def regime_depth_figures(stats_dir: Path, out_dir: Path) -> list[Path]:
     """regime_depth and changepoints figures; none when the regime_depth tables are absent."""
-    t = read_regime_depth(stats_dir)
+    t = tables.read_group(stats_dir, "regime_depth")
     if t is None:
         return []
     return (regime_depth_figure(t, Path(out_dir) / "regime_depth")
@@ -430,33 +412,12 @@ def regime_depth_figures(stats_dir: Path, out_dir: Path) -> list[Path]:
 # -----------------------------------------------------------------------------
 # speculative decoding: acceptance, speedup, verification parallelism, theory
 
-SPEC_TABLES = ("acceptance", "speedup", "theory", "hf", "parallelism")
-SPEC_NUMERIC = ("k", "acceptance", "ci_low", "ci_high", "tokens_per_call", "n", "speedup",
-                "spec_s", "autoregressive_s", "alpha", "cost_ratio", "predicted", "measured",
-                "ours_s", "hf_s", "ours_over_hf", "agree_speculative", "agree_hf_assisted",
-                "context", "ratio")
 PAIR_PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
                 "#8C8C8C", "#CCB974", "#64B5CD")
 MODE_ORDER = ("sampled", "greedy")
 MODE_STYLES = {"sampled": ("-", "o"), "greedy": ("--", "s")}
 REFERENCE = {"color": "0.2", "linewidth": 0.8}
 PARALLELISM_WIDTH_IN = 4.8  # one panel: the paper shows it at 0.74\linewidth, fonts unscaled
-
-
-def read_spec_table(stats_dir: Path, name: str) -> pd.DataFrame:
-    """speculative_<name>.csv, numeric columns as numbers; absent or empty -> no rows."""
-    path = Path(stats_dir) / f"speculative_{name}.csv"
-    try:
-        df = pd.read_csv(path)
-    except (FileNotFoundError, pd.errors.EmptyDataError):
-        return pd.DataFrame()
-    for col in set(SPEC_NUMERIC) & set(df.columns):
-        df[col] = pd.to_numeric(df[col], errors="coerce")
-    return df
-
-
-def read_spec_tables(stats_dir: Path) -> dict[str, pd.DataFrame]:
-    return {name: read_spec_table(stats_dir, name) for name in SPEC_TABLES}
 
 
 def spec_pairs(*tables: pd.DataFrame) -> list[str]:
@@ -606,7 +567,7 @@ def speedup_figure(speedup: pd.DataFrame, hf: pd.DataFrame, out_stem: Path,
 def parallelism_figure(parallelism: pd.DataFrame, out_stem: Path) -> list[Path]:
     """Target forward time on K+1 tokens over one token, per backend (and model)."""
     df = parallelism
-    backends = ordered_backends(df) if len(df) else []
+    backends = ordered_backends(df["backend"]) if len(df) else []
     models = sorted(df["model"].unique()) if len(df) else []
     with rc_context(STYLE):
         fig, axes = new_figure(1, 1, row_in=1.9, width_in=PARALLELISM_WIDTH_IN)
@@ -688,7 +649,7 @@ def theory_figure(theory: pd.DataFrame, out_stem: Path,
 
 def speculative_figures(stats_dir: Path, out_dir: Path) -> list[Path]:
     """acceptance, speedup, parallelism and theory (.pdf + .png) from the speculative tables."""
-    t = read_spec_tables(stats_dir)
+    t = tables.read_group(stats_dir, "speculative")
     out_dir = Path(out_dir)
     colors = pair_colors(spec_pairs(t["acceptance"], t["speedup"], t["theory"], t["hf"]))
     return (acceptance_figure(t["acceptance"], out_dir / "acceptance", colors)
@@ -700,37 +661,11 @@ def speculative_figures(stats_dir: Path, out_dir: Path) -> list[Path]:
 # -----------------------------------------------------------------------------
 # equivalence verification: observed token frequencies, p-values over seeds
 
-VERIFICATION_TABLES = ("levels", "power", "pvalues", "tokens", "greedy")
-VERIFICATION_NUMERIC = ("level", "statistic", "dof", "p_value", "n", "seeds", "alpha",
-                        "rejections", "rate", "seed", "rank", "autoregressive", "speculative",
-                        "n_autoregressive", "n_speculative", "prompts", "fraction_equal",
-                        "divergences", "min_margin")
 SAMPLER_ORDER = ("correct", "accept_all", "resample_from_p")
 SAMPLER_COLORS = {"correct": "#55A868", "accept_all": "#C44E52", "resample_from_p": "#DD8452"}
 SAMPLER_LABELS = {"correct": "correct", "accept_all": "accept_all (wrong)",
                   "resample_from_p": "resample_from_p (wrong)"}
 P_FLOOR = 1e-16           # p-values below this (down to an underflowed 0) are drawn at it
-
-
-def read_verification_table(stats_dir: Path, name: str) -> pd.DataFrame:
-    """verification_<name>.csv, numeric columns as numbers, booleans as bools, an empty pair
-    (levels 1 and 2) as ''; absent or empty -> no rows."""
-    path = Path(stats_dir) / f"verification_{name}.csv"
-    try:
-        df = pd.read_csv(path)
-    except (FileNotFoundError, pd.errors.EmptyDataError):
-        return pd.DataFrame()
-    for col in set(VERIFICATION_NUMERIC) & set(df.columns):
-        df[col] = pd.to_numeric(df[col], errors="coerce")
-    for col in {"rejected", "expected_rejected"} & set(df.columns):
-        df[col] = as_bool(df[col])
-    for col in {"pair", "check", "sampler"} & set(df.columns):
-        df[col] = df[col].astype("string").fillna("").astype(str)
-    return df
-
-
-def read_verification_tables(stats_dir: Path) -> dict[str, pd.DataFrame]:
-    return {name: read_verification_table(stats_dir, name) for name in VERIFICATION_TABLES}
 
 
 def ordered_samplers(*tables: pd.DataFrame) -> list[str]:
@@ -856,7 +791,7 @@ def pvalues_figure(pvalues: pd.DataFrame, out_stem: Path, alpha: float | None = 
 
 def verification_figures(stats_dir: Path, out_dir: Path) -> list[Path]:
     """verification_tokens and verification_pvalues (.pdf + .png) from the verification tables."""
-    t = read_verification_tables(stats_dir)
+    t = tables.read_group(stats_dir, "verification")
     out_dir = Path(out_dir)
     power = t["power"]
     alpha = (float(power["alpha"].dropna().iloc[0])

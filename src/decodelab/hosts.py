@@ -7,6 +7,8 @@ A host's results live in `results/<host>/`:
     stats/speculative_*.csv, verification_*.csv, models.csv, benchmarks.csv (optional)
     figures/*.pdf|png, runs.parquet, settings.json                          (optional)
 
+the required tables and their columns as `decodelab.tables` declares them (`required`).
+
 A committed reference run (`results/reference/<name>/`) has the same `stats/` layout plus a
 README. `import_host` copies another host's directory (or a tarball of it) into
 `results/<host>/` atomically, after checking the layout, that it holds only regular files
@@ -30,26 +32,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import tables
 from .errors import DecodelabError
 from .io import write_table
 from .names import check_name
 
-# The required tables and the columns of each that the merge, the figures and the paper read.
-REQUIRED_COLUMNS = {
-    "environment": ("backend", "device_name", "cpu_model", "cpu_count", "ram_bytes", "os",
-                    "python", "torch", "transformers", "git_commit"),
-    "latency": ("experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache",
-                "budget", "metric", "median", "ci_low", "ci_high", "n"),
-    "kv_speedup": ("backend", "model", "family", "dtype", "prompt_len", "budget", "metric",
-                   "speedup", "ci_low", "ci_high"),
-    "regimes": ("experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache",
-                "budget", "metric", "ratio_median", "spike"),
-    "skipped": ("backend", "reason"),
-}
-REQUIRED = tuple(REQUIRED_COLUMNS)
 COPIED = ("stats", "figures", "verification", "runs.parquet", "settings.json")  # what is imported
-OPTIONAL_PREFIXES = ("speculative_", "verification_")
-OPTIONAL = ("models", "benchmarks")
 RESERVED = ("reference", "combined", "paper", "models", "bench")  # results/<x> not a host
 MANIFEST = "IMPORTED.json"
 # Tables whose rows are host-independent (the same models, closed forms, Monte Carlo): one
@@ -94,7 +82,7 @@ def check_replaceable(dest: Path, replace: bool) -> None:
 def missing_files(root: Path) -> list[str]:
     """Required files of the contract that `root` lacks, as paths relative to it."""
     root = Path(root)
-    return [f"stats/{name}.csv" for name in REQUIRED
+    return [f"stats/{name}.csv" for name in tables.required()
             if not (root / "stats" / f"{name}.csv").is_file()]
 
 
@@ -103,7 +91,7 @@ def check_layout(root: Path, what: str) -> Path:
     if missing:
         raise DecodelabError(
             f"{what} {root} is not a host's results directory: missing {', '.join(missing)} "
-            f"(a host's results/<host>/ holds stats/{{{','.join(REQUIRED)}}}.csv)")
+            f"(a host's results/<host>/ holds stats/{{{','.join(tables.required())}}}.csv)")
     return Path(root)
 
 
@@ -244,10 +232,10 @@ def check_parquet(path: Path, what: str) -> None:
 
 def check_contents(root: Path, what: str) -> None:
     """Every table parses as the merge and the paper will read it."""
+    required = tables.required()
     for path in sorted((root / "stats").rglob("*.csv")):
-        required = path.parent == root / "stats" and path.stem in REQUIRED_COLUMNS
-        check_table(path, f"{what}: {path.relative_to(root)}",
-                    REQUIRED_COLUMNS[path.stem] if required else None)
+        columns = required.get(path.stem) if path.parent == root / "stats" else None
+        check_table(path, f"{what}: {path.relative_to(root)}", columns)
     if (root / "runs.parquet").exists():
         check_parquet(root / "runs.parquet", f"{what}: runs.parquet")
 
@@ -312,8 +300,8 @@ def shared_names(by_host: dict[str, dict[str, pd.DataFrame]], column: str) -> se
     """Values of `column` that more than one host ran (skipped backends and the reference
     comparison's rows, which are other machines', do not count)."""
     seen: dict[str, set[str]] = {}
-    for host, tables in by_host.items():
-        for name, df in tables.items():
+    for host, frames in by_host.items():
+        for name, df in frames.items():
             if name == "skipped" or name in LOCAL_ONLY:  # not what ran on that host
                 continue
             if column in df and len(df):
@@ -347,14 +335,14 @@ def merge_tables(by_host: dict[str, dict[str, pd.DataFrame]], local: str
     """Every table name over all hosts; a backend or pair that several hosts share keeps its
     name on the local host and becomes name@host on the others."""
     shared = {c: shared_names(by_host, c) for c in QUALIFIED}
-    names = sorted({n for tables in by_host.values() for n in tables})
+    names = sorted({n for frames in by_host.values() for n in frames})
     merged = {}
     for name in names:
         parts = []
-        for host, tables in by_host.items():
-            if name not in tables:
+        for host, frames in by_host.items():
+            if name not in frames:
                 continue
-            df = host_rows(name, tables[name], host, local)
+            df = host_rows(name, frames[name], host, local)
             if host != local:
                 df = qualify(df, host, shared)
             if len(df.columns):

@@ -1,76 +1,22 @@
-"""Model sources (hf, local, init, and train in `train.py`), each ending in a Hugging Face
-directory that later steps load with `from_pretrained`."""
+"""A model directory in Hugging Face format: what it must be before anything loads it, its
+manifest, and loading it for inference. `sources.py` builds one."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import torch
 import transformers
 from safetensors import SafetensorError, safe_open
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    BloomConfig,
-    GPT2Config,
-    OPTConfig,
-)
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .errors import DecodelabError
-from .names import check_name
 
 MANIFEST = "decodelab.json"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-# Architecture presets for the `init` source: the published shapes, plus tiny ones that let the
-# embedded default run on a 2-core CPU in minutes. Latency depends on shapes, not weight values.
-PRESETS: dict[str, tuple[str, dict]] = {
-    "gpt2": ("gpt2", dict(n_layer=12, n_embd=768, n_head=12)),
-    "gpt2-medium": ("gpt2", dict(n_layer=24, n_embd=1024, n_head=16)),
-    "gpt2-large": ("gpt2", dict(n_layer=36, n_embd=1280, n_head=20)),
-    "gpt2-xl": ("gpt2", dict(n_layer=48, n_embd=1600, n_head=25)),
-    "opt-125m": ("opt", dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
-                             ffn_dim=3072, word_embed_proj_dim=768)),
-    "opt-350m": ("opt", dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
-                             ffn_dim=4096, word_embed_proj_dim=512, do_layer_norm_before=False)),
-    "opt-1.3b": ("opt", dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=32,
-                             ffn_dim=8192, word_embed_proj_dim=2048)),
-    "bloom-560m": ("bloom", dict(n_layer=24, hidden_size=1024, n_head=16)),
-    "bloom-1b1": ("bloom", dict(n_layer=24, hidden_size=1536, n_head=16)),
-    "bloom-1b7": ("bloom", dict(n_layer=24, hidden_size=2048, n_head=16)),
-    "gpt2-tiny": ("gpt2", dict(n_layer=4, n_embd=256, n_head=4, vocab_size=8192)),
-    "opt-tiny": ("opt", dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
-                             ffn_dim=1024, word_embed_proj_dim=256, vocab_size=8192)),
-    "bloom-tiny": ("bloom", dict(n_layer=4, hidden_size=256, n_head=4, vocab_size=8192)),
-}
-
-CONFIG_CLASSES = {"gpt2": GPT2Config, "opt": OPTConfig, "bloom": BloomConfig}
-# Vocabulary sizes of the published tokenizers, used when a preset does not override them.
-VOCAB = {"gpt2": 50257, "opt": 50272, "bloom": 250880}
-
-
-def preset_config(preset: str):
-    if preset not in PRESETS:
-        raise DecodelabError(f"unknown init preset {preset!r}; known: {', '.join(PRESETS)}")
-    family, shape = PRESETS[preset]
-    shape = {"vocab_size": VOCAB[family], **shape}
-    if family == "gpt2" and shape["vocab_size"] <= 50256:
-        # GPT-2's special id 50256 must stay inside a small vocabulary.
-        shape |= {"bos_token_id": shape["vocab_size"] - 1, "eos_token_id": shape["vocab_size"] - 1}
-    return CONFIG_CLASSES[family](**shape)
-
-
-def max_positions(config) -> int | None:
-    """Rows of a learned position table; None for position schemes without a limit (ALiBi)."""
-    for key in ("n_positions", "max_position_embeddings"):
-        if getattr(config, key, None):
-            return int(getattr(config, key))
-    return None
 
 
 def family_of(config) -> str:
@@ -88,54 +34,6 @@ def write_manifest(out: Path, **info) -> None:
 def read_manifest(model_dir: str | Path) -> dict:
     path = Path(model_dir) / MANIFEST
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-def prepare_init(out: Path, preset: str, seed: int) -> None:
-    config = preset_config(preset)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    model.save_pretrained(out, safe_serialization=True)
-    write_manifest(out, source="init", preset=preset, seed=seed,
-                   family=family_of(config), parameters=count_parameters(model))
-
-
-def prepare_local(out: Path, path: str, label: str) -> None:
-    src = Path(path).expanduser()
-    config = check_model_dir(src, f"{label} (local path {str(src)!r})")
-    link_tree(src, out, skip={MANIFEST})
-    write_manifest(out, source="local", path=str(src.resolve()), family=family_of(config))
-
-
-def prepare_hf(out: Path, repo: str, revision: str, label: str) -> None:
-    import httpx2
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"]
-    try:
-        snapshot = Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
-        raise DecodelabError(
-            f"hf model {repo}@{revision} is not in the local Hugging Face cache and the hub "
-            f"cannot be reached (offline: {err.__class__.__name__}). Fetch it on a machine "
-            "with network access, or use `source: local` with a downloaded directory, or "
-            "`source: init` with an architecture preset for latency-only runs."
-        ) from None
-    except (RepositoryNotFoundError, RevisionNotFoundError) as err:
-        raise DecodelabError(f"hf model {repo}@{revision}: {err.__class__.__name__}") from None
-    except (httpx2.TransportError, OSError) as err:  # the hub went away mid-download, a full disk
-        raise DecodelabError(
-            f"hf model {repo}@{revision}: the download failed ({first_line(err)}); no model "
-            "directory was written: run again once the hub can be reached") from None
-    config = check_model_dir(snapshot, f"{label} (hf {repo}@{revision})")
-    # A repo's own decodelab.json stays out: writing ours over a hard link would edit the cache.
-    link_tree(snapshot, out, skip={MANIFEST})
-    write_manifest(out, source="hf", repo=repo, revision=revision, family=family_of(config))
 
 
 # What a model directory must be before anything loads it. JSON and safetensors headers only:
@@ -248,60 +146,6 @@ def first_line(err: BaseException) -> str:
     return f"{err.__class__.__name__}: {lines[0] if lines else ''}"
 
 
-def link_tree(src: Path, out: Path, skip: set[str] = frozenset()) -> None:
-    """Hard-link (or copy) the files of `src` into `out`, resolving the hub cache's symlinks."""
-    out.mkdir(parents=True, exist_ok=True)
-    for item in sorted(src.iterdir()):
-        if item.name in skip or item.is_dir():
-            continue
-        target = out / item.name
-        real = item.resolve()
-        try:
-            os.link(real, target)
-        except OSError:
-            shutil.copy2(real, target)
-
-
-def partial_dir(out: Path) -> Path:
-    """Where `prepare` builds `out`: hidden, so no model's name (never starting with '.') is it."""
-    return out.with_name(f".{out.name}.partial")
-
-
-def prepare(spec: dict, out: str | Path, teacher_dir: str | Path | None = None,
-            positions_needed: int = 0) -> None:
-    """Materialize one model from its config entry into `out`, atomically. `teacher_dir` is the
-    prepared directory of a `train` spec's teacher (a draft distilled from its target); a model
-    whose position table is shorter than `positions_needed` is refused before it is in place."""
-    # The name as given: Path() would turn "results/models/." into "results/models".
-    name = check_name(os.path.basename(os.fspath(out).rstrip("/")), "model")
-    out = Path(out)
-    tmp = partial_dir(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    source, label = spec["source"], f"model {name!r}"
-    try:
-        if source == "init":
-            prepare_init(tmp, spec["preset"], int(spec.get("seed", 0)))
-        elif source == "local":
-            prepare_local(tmp, spec["path"], label)
-        elif source == "hf":
-            prepare_hf(tmp, spec["repo"], spec["revision"], label)
-        elif source == "train":
-            from .train import prepare_train
-
-            prepare_train(tmp, spec, Path(teacher_dir) if teacher_dir is not None else None,
-                          label)
-        else:
-            raise DecodelabError(f"model source {source!r} is not supported here")
-        if positions_needed:
-            refuse_short_model(tmp, name, positions_needed)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-
-
 def load(model_dir: str | Path, device: str, dtype: str = "float32",
          attn_implementation: str | None = None, role: str = "model"):
     """Load for inference; `attn_implementation=None` takes transformers' default per family.
@@ -345,37 +189,3 @@ def require_finite(logits: torch.Tensor, model, role: str, where: str) -> None:
         raise DecodelabError(f"{role} {model.name_or_path!r}: non-finite logits (NaN/inf) "
                              f"{where}; its weights hold NaN/inf or overflow in {dtype}. "
                              "Nothing was recorded")
-
-
-# --- a model's learned positions against the config's longest sequence ------------------------
-# The DAG checks every model whose positions it can read (init presets, train shapes, a local
-# config.json); `prepare-model --positions-needed` checks again once the model is built, before
-# it is put in place: the first moment an `hf` model's config is known.
-
-
-def position_overrun(name: str, positions: int | None, needed: int, why: str) -> str | None:
-    """The refusal of a model whose position table cannot hold `needed` tokens, else None."""
-    if positions is None or needed <= positions:
-        return None
-    return (f"model {name!r} has {positions} positions, fewer than the {needed} tokens of {why}; "
-            "lower the budgets or prompt lengths, or use a model with more positions")
-
-
-def declared_positions(config_json: str | Path) -> int | None:
-    """The position table a config.json declares, read as plain JSON (no model code runs)."""
-    from types import SimpleNamespace
-
-    path = Path(config_json)
-    try:
-        return max_positions(SimpleNamespace(**json.loads(path.read_text())))
-    except (OSError, ValueError, TypeError) as err:
-        raise DecodelabError(f"{path}: not a readable Hugging Face config.json ({err})") from None
-
-
-def refuse_short_model(model_dir: str | Path, name: str, needed: int) -> None:
-    """Refuse a model (its directory, not yet in place) too short for `needed` tokens."""
-    why = "the config's longest sequence (sweep budget + prompt, speculative prompt + budget + K)"
-    problem = position_overrun(name, declared_positions(Path(model_dir) / "config.json"),
-                               needed, why)
-    if problem:
-        raise DecodelabError(problem)

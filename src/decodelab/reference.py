@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import tables
 from .io import as_bool
 
 SWEEP_KEYS = ["backend", "model", "dtype", "prompt_len", "budget"]
@@ -54,8 +55,9 @@ LEVEL3_CHECKS = {"chi2_p": "chi-square", "log_ratio_p": "log-ratio"}
 
 
 def read(stats_dir: Path, name: str) -> pd.DataFrame:
+    """A declared table as written, no rows when absent or empty (a reference may predate it)."""
     try:
-        return pd.read_csv(Path(stats_dir) / f"{name}.csv")
+        return pd.read_csv(tables.path(stats_dir, name))
     except (FileNotFoundError, pd.errors.EmptyDataError):
         return pd.DataFrame()
 

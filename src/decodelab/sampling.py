@@ -186,30 +186,3 @@ def emitted_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     beta = kept.sum(-1, keepdim=True)
     resample = _resample_weights(p64, q64, tol)
     return kept + (1 - beta) * resample / resample.sum(-1, keepdim=True)
-
-
-def _check_alpha_k(alpha: float, k: int) -> None:
-    if not 0 <= alpha <= 1:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if k < 0 or int(k) != k:
-        raise ValueError(f"k must be a non-negative integer, got {k}")
-
-
-def expected_tokens_per_call(alpha: float, k: int) -> float:
-    """Expected tokens per target call with acceptance rate alpha and k draft tokens:
-    (1 - alpha^(k+1)) / (1 - alpha), k + 1 at alpha = 1."""
-    _check_alpha_k(alpha, k)
-    if alpha == 1:
-        return float(k + 1)
-    if alpha == 0:
-        return 1.0
-    # expm1/log1p keep full precision as alpha -> 1, where 1 - alpha^(k+1) cancels.
-    return -math.expm1((k + 1) * math.log1p(alpha - 1)) / (1 - alpha)
-
-
-def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """Expected wall-clock speedup (Leviathan et al. 2023), c = draft/target cost:
-    (1 - alpha^(k+1)) / ((1 - alpha) (k c + 1)), (k + 1) / (k c + 1) at alpha = 1."""
-    if c < 0:
-        raise ValueError(f"c must be >= 0, got {c}")
-    return expected_tokens_per_call(alpha, k) / (k * c + 1)

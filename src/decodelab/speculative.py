@@ -13,22 +13,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from .config import GREEDY, Sampling
 from .decode import cache_kwarg
 from .devices import now
 from .errors import DecodelabError
 from .models import require_finite
 from .sampling import greedy_accept, sample, speculative_accept, warp
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0
-    top_p: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
 
 
 @dataclass
@@ -131,7 +121,7 @@ def check_finite(by_role: dict, kept: dict) -> None:
 
 
 @torch.inference_mode()
-def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling = Sampling(),
+def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling = GREEDY,
              draft_generator: torch.Generator | None = None,
              target_generator: torch.Generator | None = None,
              accept=speculative_accept) -> Result:

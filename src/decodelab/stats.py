@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
+from .config import Confidence
 from .io import read_raw
+from .theory import expected_speedup, expected_tokens_per_call
 
 GRID = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache", "budget"]
 METRICS = ["total_s", "prefill_s", "decode_s", "decode_per_token_s"]
@@ -28,25 +30,24 @@ def per_process(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.groupby(keys, as_index=False)[METRICS].median()
 
 
-def bootstrap_ci(statistic, samples: tuple[np.ndarray, ...], confidence: float,
-                 resamples: int, seed: int) -> tuple[float, float]:
+def bootstrap_ci(statistic, samples: tuple[np.ndarray, ...], ci: Confidence
+                 ) -> tuple[float, float]:
     """Percentile bootstrap; a degenerate sample (n < 2 or no spread) gives a zero-width CI."""
     point = statistic(*samples)
     if min(len(s) for s in samples) < 2 or all(np.ptp(s) == 0 for s in samples):
         return point, point
-    res = st.bootstrap(samples, statistic, n_resamples=resamples, confidence_level=confidence,
-                       method="percentile", vectorized=False, paired=False,
-                       rng=np.random.default_rng(seed))
+    res = st.bootstrap(samples, statistic, n_resamples=ci.bootstrap_resamples,
+                       confidence_level=ci.confidence, method="percentile", vectorized=False,
+                       paired=False, rng=np.random.default_rng(ci.seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def latency_table(runs: pd.DataFrame, confidence: float, resamples: int,
-                  seed: int) -> pd.DataFrame:
+def latency_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     rows = []
     for key, group in per_process(runs).groupby(GRID):
         for metric in METRICS:
             x = group[metric].to_numpy()
-            low, high = bootstrap_ci(np.median, (x,), confidence, resamples, seed)
+            low, high = bootstrap_ci(np.median, (x,), ci)
             rows.append({**dict(zip(GRID, key, strict=True)), "metric": metric,
                          "median": float(np.median(x)), "ci_low": low, "ci_high": high,
                          "n": len(x)})
@@ -57,8 +58,7 @@ def median_ratio(off: np.ndarray, on: np.ndarray) -> float:
     return float(np.median(off) / np.median(on))
 
 
-def kv_speedup_table(runs: pd.DataFrame, confidence: float, resamples: int,
-                     seed: int) -> pd.DataFrame:
+def kv_speedup_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     """Cache-off over cache-on latency per configuration, both measured in the same processes."""
     ablation = per_process(runs[runs["experiment"] == "ablation"])
     keys = ["backend", "model", "family", "dtype", "prompt_len", "budget"]
@@ -69,7 +69,7 @@ def kv_speedup_table(runs: pd.DataFrame, confidence: float, resamples: int,
             on = group.loc[group["use_cache"], metric].to_numpy()
             if len(off) == 0 or len(on) == 0:
                 continue
-            low, high = bootstrap_ci(median_ratio, (off, on), confidence, resamples, seed)
+            low, high = bootstrap_ci(median_ratio, (off, on), ci)
             rows.append({**dict(zip(keys, key, strict=True)), "metric": metric,
                          "speedup": median_ratio(off, on), "ci_low": low, "ci_high": high,
                          "n": min(len(off), len(on))})
@@ -106,26 +106,26 @@ def spec_per_process(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def acceptance_table(proc: pd.DataFrame, ci: tuple) -> pd.DataFrame:
+def acceptance_table(proc: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     spec = proc[proc["method"] == "speculative"]
     rows = []
     for key, group in spec.groupby(SPEC_KEYS):
         x = group["acceptance"].to_numpy(dtype=float)
-        low, high = bootstrap_ci(np.median, (x,), *ci)
+        low, high = bootstrap_ci(np.median, (x,), ci)
         rows.append({**dict(zip(SPEC_KEYS, key, strict=True)), "acceptance": float(np.median(x)),
                      "ci_low": low, "ci_high": high,
                      "tokens_per_call": float(group["tokens_per_call"].median()), "n": len(x)})
     return pd.DataFrame(rows)
 
 
-def speedup_table(proc: pd.DataFrame, ci: tuple) -> pd.DataFrame:
+def speedup_table(proc: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     """Autoregressive over speculative wall time, same pair, mode and processes."""
     rows = []
     for (pair, mode), group in proc.groupby(["pair", "mode"]):
         base = group.loc[group["method"] == "autoregressive", "total_s"].to_numpy(dtype=float)
         for k, spec in group[group["method"] == "speculative"].groupby("k"):
             x = spec["total_s"].to_numpy(dtype=float)
-            low, high = bootstrap_ci(median_ratio, (base, x), *ci)
+            low, high = bootstrap_ci(median_ratio, (base, x), ci)
             rows.append({"pair": pair, "mode": mode, "k": k, "speedup": median_ratio(base, x),
                          "ci_low": low, "ci_high": high, "spec_s": float(np.median(x)),
                          "autoregressive_s": float(np.median(base)), "n": len(x)})
@@ -135,8 +135,6 @@ def speedup_table(proc: pd.DataFrame, ci: tuple) -> pd.DataFrame:
 def alpha_from_tokens_per_call(tokens_per_call: float, k: int) -> float:
     """Invert E[tokens per call] = (1 - a^(K+1)) / (1 - a) for the per-token acceptance a."""
     from scipy.optimize import brentq
-
-    from .sampling import expected_tokens_per_call
 
     if tokens_per_call >= k + 1 - 1e-9:
         return 1.0
@@ -149,8 +147,6 @@ def alpha_from_tokens_per_call(tokens_per_call: float, k: int) -> float:
 def theory_table(proc: pd.DataFrame, speedup: pd.DataFrame,
                  acceptance: pd.DataFrame) -> pd.DataFrame:
     """Leviathan et al.'s expected speedup from measured acceptance and cost ratio."""
-    from .sampling import expected_speedup
-
     steps = proc.groupby(["pair", "mode", "method"])["step_s"].median()
     rows = []
     for row in speedup.merge(acceptance, on=SPEC_KEYS, suffixes=("", "_acc")).itertuples():
@@ -161,6 +157,18 @@ def theory_table(proc: pd.DataFrame, speedup: pd.DataFrame,
                      "cost_ratio": float(c), "predicted": expected_speedup(alpha, row.k, c),
                      "measured": row.speedup})
     return pd.DataFrame(rows)
+
+
+def method_ratios(proc: pd.DataFrame) -> pd.DataFrame:
+    """Per K: plain decoding, ours and HF assisted generation (median seconds), as ratios."""
+    table = proc.pivot_table(index="k", columns="method", values="total_s")
+    base = table.loc[0, "autoregressive"]
+    table = table.drop(index=0)[["speculative", "hf_assisted"]].assign(
+        speedup_vs_plain=lambda t: base / t["speculative"],
+        hf_speedup_vs_plain=lambda t: base / t["hf_assisted"],
+        ours_over_hf=lambda t: t["hf_assisted"] / t["speculative"])
+    table.insert(0, "plain", base)
+    return table
 
 
 def agreement(runs: pd.DataFrame, method: str) -> pd.DataFrame:
@@ -176,7 +184,7 @@ def agreement(runs: pd.DataFrame, method: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["pair", "k", "method", "agree", "sequences"])
 
 
-def hf_table(proc: pd.DataFrame, runs: pd.DataFrame, ci: tuple) -> pd.DataFrame:
+def hf_table(proc: pd.DataFrame, runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     """Our greedy speculative decoding against HF assisted generation at the same K."""
     greedy = proc[proc["mode"] == "greedy"]
     rows = []
@@ -184,7 +192,7 @@ def hf_table(proc: pd.DataFrame, runs: pd.DataFrame, ci: tuple) -> pd.DataFrame:
         ours = greedy[(greedy["pair"] == pair) & (greedy["k"] == k)
                       & (greedy["method"] == "speculative")]["total_s"].to_numpy(dtype=float)
         theirs = hf["total_s"].to_numpy(dtype=float)
-        low, high = bootstrap_ci(median_ratio, (theirs, ours), *ci)
+        low, high = bootstrap_ci(median_ratio, (theirs, ours), ci)
         rows.append({"pair": pair, "k": k, "ours_s": float(np.median(ours)),
                      "hf_s": float(np.median(theirs)), "ours_over_hf": median_ratio(theirs, ours),
                      "ci_low": low, "ci_high": high})
@@ -196,7 +204,7 @@ def hf_table(proc: pd.DataFrame, runs: pd.DataFrame, ci: tuple) -> pd.DataFrame:
     return table.merge(wide, on=["pair", "k"], how="outer")
 
 
-def parallelism_table(runs: pd.DataFrame, ci: tuple) -> pd.DataFrame:
+def parallelism_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     """Forward time on K+1 tokens over time on one token, per process, then across processes."""
     keys = ["backend", "model", "context"]
     per = runs.groupby([*keys, "repeat", "tokens"])["seconds"].median().reset_index()
@@ -205,7 +213,7 @@ def parallelism_table(runs: pd.DataFrame, ci: tuple) -> pd.DataFrame:
         one = group[group["tokens"] == 1].set_index("repeat")["seconds"]
         for n, sub in group[group["tokens"] > 1].groupby("tokens"):
             ratio = (sub.set_index("repeat")["seconds"] / one).dropna().to_numpy()
-            low, high = bootstrap_ci(np.median, (ratio,), *ci)
+            low, high = bootstrap_ci(np.median, (ratio,), ci)
             rows.append({**dict(zip(keys, key, strict=True)), "k": int(n) - 1,
                          "ratio": float(np.median(ratio)), "ci_low": low, "ci_high": high,
                          "n": len(ratio)})

@@ -14,16 +14,11 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from . import models
+from .config import Sampling
 from .decode import decode
 from .devices import fingerprint, now
-from .speculative import Sampling, check_vocab, feed, generate, rollback
+from .speculative import check_vocab, feed, generate, rollback
 from .train import heldout_prompts
-
-
-def sampling_for(mode: str, spec: dict) -> Sampling:
-    if mode == "greedy":
-        return Sampling()
-    return Sampling(spec["temperature"], spec["top_k"], spec["top_p"])
 
 
 def generators(device: str, seed: int) -> torch.Generator:
@@ -31,7 +26,7 @@ def generators(device: str, seed: int) -> torch.Generator:
 
 
 def run_speculative(target, draft, prompt, cfg, spec, seed) -> dict:
-    s = sampling_for(cfg["mode"], spec)
+    s = Sampling.from_spec(spec).in_mode(cfg["mode"])
     out = generate(target, draft, prompt, spec["budget"], cfg["k"], s,
                    generators(draft.device.type, seed), generators(target.device.type, seed + 1))
     return {"tokens": out.tokens, "total_s": out.total_s, "draft_s": out.draft_s,
@@ -41,7 +36,7 @@ def run_speculative(target, draft, prompt, cfg, spec, seed) -> dict:
 
 
 def run_autoregressive(model, prompt, cfg, spec, seed, role) -> dict:
-    s = sampling_for(cfg["mode"], spec)
+    s = Sampling.from_spec(spec).in_mode(cfg["mode"])
     ids = torch.tensor([prompt], device=model.device)
     out = decode(model, ids, spec["budget"], use_cache=True, temperature=s.temperature,
                  top_k=s.top_k, top_p=s.top_p, generator=generators(model.device.type, seed),

@@ -23,6 +23,7 @@ from .devices import (
     sm_clock_probe,
 )
 from .errors import DecodelabError
+from .shapes import max_positions
 
 
 def make_grid(budgets: Iterable[int], prompt_lengths: Iterable[int], caches: Iterable[bool],
@@ -46,7 +47,7 @@ def make_prompt(vocab_size: int, length: int, seed: int, device: str) -> torch.T
 
 
 def check_positions(config, budgets: Iterable[int], prompt_lengths: Iterable[int], name: str):
-    limit = models.max_positions(config)
+    limit = max_positions(config)
     longest = max(budgets) + max(prompt_lengths)
     if limit is not None and longest > limit:
         raise DecodelabError(

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .devices import backend_available, claim_gpu, device_name, why_unavailable
+from .devices import backend_problem, claim_gpu, device_name
 from .errors import DecodelabError
+from .models import count_parameters, load, read_manifest, write_manifest
 
 EOT = "<|endoftext|>"
 # Not code a model should learn from: vendored packages, tests, generated codec tables, pydoc's
@@ -319,31 +320,25 @@ def acceptance(target: torch.nn.Module, draft: torch.nn.Module,
 
 
 def load_teacher(teacher_dir: Path, device: str) -> torch.nn.Module:
-    from .models import load
-
     return load(teacher_dir, device, "float32", role="teacher")
 
 
 def training_device(spec: dict) -> str:
     device = spec.get("device", "cpu")
-    if not backend_available(device):
+    if problem := backend_problem(device):
         raise DecodelabError(f"train model spec: key 'device' is {device!r}, which is not "
-                             f"available here ({why_unavailable(device)})")
+                             f"available here ({problem})")
     if device == "cuda":
         claim_gpu()
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: minutes, not tens of minutes
     return device
 
 
-def prepare_train(out: Path, spec: dict, teacher_dir: Path | None,
-                  label: str = "train model") -> None:
+def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -> None:
     """Train a GPT-2 LM (and its tokenizer, unless a teacher lends its own) into `out`; `label`
     names it in errors."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import count_parameters, read_manifest, write_manifest
-
-    teacher_dir = Path(teacher_dir) if teacher_dir is not None else None
     validate(spec, teacher_dir)
     device = training_device(spec)
     start = time.perf_counter()
@@ -413,8 +408,6 @@ def heldout_prompts(model_dir: str | Path, n: int, length: int, seed: int) -> li
     an end-of-text.
     """
     from transformers import AutoConfig, AutoTokenizer
-
-    from .models import read_manifest
 
     manifest = read_manifest(model_dir)
     gen = torch.Generator().manual_seed(seed)

@@ -50,17 +50,17 @@ rule benchmark_summary:
 
 rule merge_hosts:
     input:
-        local=expand(f"results/{HOST}/stats/{{table}}.csv", table=LOCAL_TABLES),
+        local=expand(f"results/{HOST}/stats/{{table}}.csv", table=tables.local_tables()),
         imported=imported_tables,
     output:
         [
             report(
                 f"results/combined/stats/{table}.csv",
-                category=report_category(table),
+                category=tables.report_category(table),
                 subcategory="tables",
                 caption="../report/table.rst",
             )
-            for table in PAPER_TABLES
+            for table in tables.names()
         ],
     log:
         "logs/merge_hosts.log",
@@ -71,7 +71,7 @@ rule merge_hosts:
     params:
         local=HOST,
         hosts=" ".join(f"{h}=results/{h}" for h in [HOST, *IMPORTED]),
-        tables=" ".join(PAPER_TABLES),
+        tables=" ".join(tables.names()),
         out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab merge-hosts --local {params.local} --out {params.out} --tables {params.tables}"

@@ -7,7 +7,7 @@ rule figures:
         "results/{host}/stats/latency.csv",
         "results/{host}/stats/kv_speedup.csv",
         "results/{host}/stats/regimes.csv",
-        expand("results/{{host}}/stats/regime_{table}.csv", table=REGIME_DEPTH_TABLES),
+        expand("results/{{host}}/stats/{table}.csv", table=tables.names("regime_depth")),
     output:
         "results/{host}/figures/latency.pdf",
         report(
@@ -54,10 +54,7 @@ rule figures:
 
 rule speculative_figures:
     input:
-        expand(
-            "results/{{host}}/stats/speculative_{table}.csv",
-            table=["acceptance", "speedup", "theory", "hf", "parallelism"],
-        ),
+        expand("results/{{host}}/stats/{table}.csv", table=tables.names("speculative")),
     output:
         "results/{host}/figures/acceptance.pdf",
         report(
@@ -104,10 +101,7 @@ rule speculative_figures:
 
 rule verification_figures:
     input:
-        expand(
-            "results/{{host}}/stats/verification_{table}.csv",
-            table=["levels", "power", "pvalues", "tokens", "greedy"],
-        ),
+        expand("results/{{host}}/stats/{table}.csv", table=tables.names("verification")),
     output:
         "results/{host}/figures/verification_tokens.pdf",
         report(

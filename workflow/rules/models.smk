@@ -11,13 +11,13 @@ rule prepare_model:
         job_conda_env
     container:
         job_container
-    threads: lambda wc: workflow.cores if config["models"][wc.model]["source"] == "train" else 1
+    threads: lambda wc: workflow.cores if SETTINGS.models[wc.model]["source"] == "train" else 1
     resources:
-        gpu=lambda wc: int(config["models"][wc.model].get("device") == "cuda"),
-        mps=lambda wc: int(config["models"][wc.model].get("device") == "mps"),
+        gpu=uses("cuda"),
+        mps=uses("mps"),
         gpu_model=job_gpu_model,
     params:
-        spec=lambda wc: as_arg(config["models"][wc.model]),
+        spec=lambda wc: as_arg(SETTINGS.models[wc.model]),
         teacher=lambda wc, input: f"--teacher-dir {input.teacher}" if input.teacher else "",
         positions=lambda wc: POSITION_NEEDS.get(wc.model, (0, ""))[0],
     shell:

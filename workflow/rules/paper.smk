@@ -1,14 +1,6 @@
 # The tables and figures the paper reads. merge_hosts writes the tables of this host and of
 # every imported one (config 'hosts') to results/combined/stats/; the figure rules draw
-# results/combined/figures/ from them.
-LOCAL_TABLES = (
-    ["latency", "kv_speedup", "regimes", "environment", "skipped", "models"]
-    + [f"speculative_{t}" for t in ("acceptance", "speedup", "theory", "hf", "parallelism")]
-    + [f"verification_{t}" for t in ("levels", "power", "pvalues", "tokens", "greedy")]
-    + [f"regime_{t}" for t in REGIME_DEPTH_TABLES]
-    + ["reference_comparison", "benchmarks"]
-)
-PAPER_TABLES = LOCAL_TABLES + ["hosts"]
+# results/combined/figures/ from them. The tables are decodelab.tables'.
 PAPER_FIGURES = [
     "latency",
     "kv_speedup",
@@ -34,7 +26,7 @@ rule settings:
     container:
         job_container
     params:
-        spec=as_arg(paper_settings()),
+        spec=as_arg(SETTINGS.paper_settings(HOST)),
     shell:
         "decodelab settings --spec {params.spec} --out {output} 2> {log}"
 
@@ -43,7 +35,7 @@ rule paper:
     input:
         sources=sorted(str(p) for p in Path("paper").rglob("*") if p.is_file()),
         settings=rules.settings.output,
-        stats=expand("results/combined/stats/{table}.csv", table=PAPER_TABLES),
+        stats=expand("results/combined/stats/{table}.csv", table=tables.names()),
         figures=expand("results/combined/figures/{fig}.pdf", fig=PAPER_FIGURES),
     output:
         report("results/paper/paper.pdf", category="Paper", caption="../report/paper.rst"),

@@ -4,8 +4,8 @@
 
 rule speculative:
     input:
-        target=lambda wc: f"results/models/{PAIRS[wc.pair]['target']}",
-        draft=lambda wc: f"results/models/{PAIRS[wc.pair]['draft']}",
+        target=lambda wc: f"results/models/{PAIRS[wc.pair].target}",
+        draft=lambda wc: f"results/models/{PAIRS[wc.pair].draft}",
     output:
         "results/{host}/speculative/{pair}/rep{repeat}.parquet",
     log:
@@ -18,15 +18,12 @@ rule speculative:
         job_conda_env
     container:
         job_container
-    threads: lambda wc: workflow.cores if "cpu" in pair_devices(wc) else 1
+    threads: job_threads
     resources:
-        bench_cpu=lambda wc: int("cpu" in pair_devices(wc)),
-        gpu=lambda wc: int("cuda" in pair_devices(wc)),
-        gpu_model=job_gpu_model,
-        mps=lambda wc: int("mps" in pair_devices(wc)),
+        **MEASURING_RESOURCES,
     params:
-        spec=as_arg(speculative_spec()),
-        pair=lambda wc: as_arg(PAIRS[wc.pair]),
+        spec=as_arg(SPEC.job_spec()),
+        pair=lambda wc: as_arg(PAIRS[wc.pair].job_spec()),
     shell:
         "decodelab speculative --target-dir {input.target} --draft-dir {input.draft}"
         " --pair {wildcards.pair} --pair-spec {params.pair} --spec {params.spec}"
@@ -49,12 +46,9 @@ rule parallelism:
         job_conda_env
     container:
         job_container
-    threads: lambda wc: workflow.cores if wc.backend == "cpu" else 1
+    threads: job_threads
     resources:
-        bench_cpu=lambda wc: int(wc.backend == "cpu"),
-        gpu=lambda wc: int(wc.backend == "cuda"),
-        gpu_model=job_gpu_model,
-        mps=lambda wc: int(wc.backend == "mps"),
+        **MEASURING_RESOURCES,
     params:
         spec=lambda wc: as_arg(parallelism_spec(wc.backend, wc.model)),
     shell:
@@ -68,10 +62,7 @@ rule speculative_stats:
         runs=speculative_runs,
         parallelism=parallelism_runs,
     output:
-        expand(
-            "results/{{host}}/stats/speculative_{table}.csv",
-            table=["acceptance", "speedup", "theory", "hf", "parallelism"],
-        ),
+        expand("results/{{host}}/stats/{table}.csv", table=tables.names("speculative")),
     log:
         "logs/{host}/speculative_stats.log",
     conda:
@@ -79,7 +70,7 @@ rule speculative_stats:
     container:
         job_container
     params:
-        spec=as_arg(config["stats"]),
+        spec=as_arg(SETTINGS.stats.job_spec()),
         out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab spec-stats --spec {params.spec} --out {params.out}"
@@ -88,7 +79,7 @@ rule speculative_stats:
 
 rule model_table:
     input:
-        expand("results/models/{model}", model=list(config["models"])),
+        expand("results/models/{model}", model=list(SETTINGS.models)),
     output:
         "results/{host}/stats/models.csv",
     log:

@@ -43,7 +43,7 @@ rule statistics:
     container:
         job_container
     params:
-        spec=as_arg(config["stats"]),
+        spec=as_arg(SETTINGS.stats.job_spec()),
     shell:
         "decodelab stats --runs {input} --spec {params.spec} --latency {output.latency}"
         " --kv {output.kv} 2> {log}"
@@ -61,7 +61,7 @@ rule regimes:
     container:
         job_container
     params:
-        spec=as_arg(regime_rule_spec()),
+        spec=as_arg(SETTINGS.regimes.rule_spec()),
     shell:
         "decodelab regimes --runs {input} --spec {params.spec} --out {output} 2> {log}"
 
@@ -71,7 +71,7 @@ rule regime_depth:
         runs="results/{host}/runs.parquet",
         regimes="results/{host}/stats/regimes.csv",
     output:
-        expand("results/{{host}}/stats/regime_{table}.csv", table=REGIME_DEPTH_TABLES),
+        expand("results/{{host}}/stats/{table}.csv", table=tables.names("regime_depth")),
     log:
         "logs/{host}/regime_depth.log",
     conda:
@@ -79,7 +79,7 @@ rule regime_depth:
     container:
         job_container
     params:
-        spec=as_arg(config["regimes"]),
+        spec=as_arg(SETTINGS.regimes.job_spec()),
         out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab regime-depth --runs {input.runs} --regimes {input.regimes}"

@@ -19,14 +19,11 @@ rule sweep:
         job_conda_env
     container:
         job_container
-    threads: lambda wc: workflow.cores if wc.backend == "cpu" else 1
+    threads: job_threads
     resources:
-        bench_cpu=lambda wc: int(wc.backend == "cpu"),
-        gpu=lambda wc: int(wc.backend == "cuda"),
-        gpu_model=job_gpu_model,
-        mps=lambda wc: int(wc.backend == "mps"),
+        **MEASURING_RESOURCES,
     params:
-        spec=as_arg(sweep_spec()),
+        spec=as_arg(SWEEP.job_spec()),
     shell:
         "decodelab sweep --model-dir {input} --model {wildcards.model}"
         " --backend {wildcards.backend} --experiment {wildcards.experiment}"

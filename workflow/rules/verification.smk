@@ -17,7 +17,7 @@ rule verify_exact:
     container:
         job_container
     params:
-        spec=as_arg(verification_spec()),
+        spec=as_arg(VERIFY.job_spec()),
     shell:
         "decodelab verify --level exact --spec {params.spec} --target-dir {input.target}"
         " --draft-dir {input.draft} --out {output} 2> {log}"
@@ -35,15 +35,15 @@ rule verify_monte_carlo:
     container:
         job_container
     params:
-        spec=as_arg(verification_spec()),
+        spec=as_arg(VERIFY.job_spec()),
     shell:
         "decodelab verify --level monte-carlo --spec {params.spec} --out {output} 2> {log}"
 
 
 rule verify_real:
     input:
-        target=lambda wc: f"results/models/{PAIRS[wc.pair]['target']}",
-        draft=lambda wc: f"results/models/{PAIRS[wc.pair]['draft']}",
+        target=lambda wc: f"results/models/{PAIRS[wc.pair].target}",
+        draft=lambda wc: f"results/models/{PAIRS[wc.pair].draft}",
     output:
         "results/{host}/verification/real_{pair}.json",
     log:
@@ -54,15 +54,12 @@ rule verify_real:
         job_conda_env
     container:
         job_container
-    threads: lambda wc: workflow.cores if "cpu" in pair_devices(wc) else 1
+    threads: job_threads
     resources:
-        bench_cpu=lambda wc: int("cpu" in pair_devices(wc)),
-        gpu=lambda wc: int("cuda" in pair_devices(wc)),
-        gpu_model=job_gpu_model,
-        mps=lambda wc: int("mps" in pair_devices(wc)),
+        **MEASURING_RESOURCES,
     params:
-        spec=as_arg(verification_spec()),
-        pair=lambda wc: as_arg(PAIRS[wc.pair]),
+        spec=as_arg(VERIFY.job_spec()),
+        pair=lambda wc: as_arg(PAIRS[wc.pair].job_spec()),
     shell:
         "decodelab verify --level real --spec {params.spec} --target-dir {input.target}"
         " --draft-dir {input.draft} --pair {wildcards.pair} --pair-spec {params.pair}"
@@ -73,10 +70,7 @@ rule verification_stats:
     input:
         verification_reports,
     output:
-        expand(
-            "results/{{host}}/stats/verification_{table}.csv",
-            table=["levels", "power", "pvalues", "tokens", "greedy"],
-        ),
+        expand("results/{{host}}/stats/{table}.csv", table=tables.names("verification")),
     log:
         "logs/{host}/verification_stats.log",
     conda:

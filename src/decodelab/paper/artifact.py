@@ -1,5 +1,4 @@
-"""Generated TeX for the artifact-evaluation parts of the paper: hosts, the reference comparison
-and the benchmark appendix. `paper.write_generated` calls `artifact_parts`.
+"""The artifact-evaluation parts of the paper: hosts, the reference comparison, benchmarks.
 
     generated/tab_hosts.tex       every host whose results the paper merges, local or imported
     generated/tab_reference.tex   this run against each committed reference run, with ratios
@@ -12,20 +11,24 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import reference as rf
-from .paper import (
+from .. import reference as rf
+from .. import tables
+from .section import Section
+from .settings import PARALLEL_K
+from .tex import (
     NONE,
-    WRONG_SAMPLERS,
+    camel,
     human_list,
     integer,
     long_tabular,
+    percent,
     pval,
-    sampler_name,
     sig,
     tabular,
     tex_escape,
     tt,
 )
+from .verification import WRONG_SAMPLERS
 
 
 def text(value) -> str:
@@ -62,7 +65,7 @@ def quantity_value(quantity: str, value) -> str:
     if quantity == "decode_s":
         return sig(float(value) * 1e3)
     if quantity == "acceptance":
-        return sig(100 * float(value)) + r"\%"
+        return percent(value)
     if quantity in ("spikes", "step_ups"):
         return f"{float(value):g}"
     if quantity in rf.NO_RATIO:
@@ -145,9 +148,6 @@ def reference_macros(comparison: pd.DataFrame) -> tuple[dict[str, str], dict[str
              "RefAnyCudaVerification": bool(cuda["quantity"].isin(rf.NO_RATIO).any())})
 
 
-PARALLEL_K = 8  # the K at which the text quotes a reference's verification parallelism
-
-
 def cuda_rows(comparison: pd.DataFrame) -> pd.DataFrame:
     """The references' rows measured on CUDA: a CUDA backend, or a pair with a CUDA side."""
     comparison = comparison.reindex(columns=rf.COLUMNS)  # an older table may lack a key
@@ -187,7 +187,7 @@ def cuda_reference_macros(comparison: pd.DataFrame) -> dict[str, str]:
         checks = values(quantity)
         for sampler in ("correct", *WRONG_SAMPLERS):
             p = checks[checks["sampler"] == sampler]["reference_value"]
-            macros[f"RefCuda{name}P{sampler_name(sampler)}"] = pval(p.median()) if len(p) \
+            macros[f"RefCuda{name}P{camel(sampler)}"] = pval(p.median()) if len(p) \
                 else NONE
     return macros
 
@@ -227,19 +227,13 @@ def benchmark_macros(bench: pd.DataFrame) -> tuple[dict[str, str], dict[str, boo
             {"BenchmarksReady": len(ok) > 0})
 
 
-# -----------------------------------------------------------------------------
-# the hook
-
-def artifact_parts(stats_dir: Path) -> tuple[dict[str, str], dict[str, bool], dict[str, str]]:
-    """(macros, flags, files) for hosts, the reference comparison and the benchmarks."""
-    hosts = rf.read(stats_dir, "hosts")
-    comparison = rf.read(stats_dir, "reference_comparison")
-    bench = rf.read(stats_dir, "benchmarks")
+def parts(stats_dir: Path, settings: dict) -> Section:
+    hosts, comparison, bench = (tables.read(stats_dir, name)
+                                for name in ("hosts", "reference_comparison", "benchmarks"))
     macros, flags = {}, {}
     for m, f in (hosts_macros(hosts), reference_macros(comparison), benchmark_macros(bench)):
         macros.update(m)
         flags.update(f)
-    files = {"tab_hosts.tex": hosts_table(hosts),
-             "tab_reference.tex": reference_table(rf.summary(comparison)),
-             "tab_benchmarks.tex": benchmarks_table(bench)}
-    return macros, flags, files
+    return Section(macros, flags, {"tab_hosts.tex": hosts_table(hosts),
+                                   "tab_reference.tex": reference_table(rf.summary(comparison)),
+                                   "tab_benchmarks.tex": benchmarks_table(bench)})

@@ -1,0 +1,569 @@
+"""Typed settings: the validated config (schema checked, defaults filled: the Snakefile) as frozen
+dataclasses, built once by `Settings.from_config`, and the checks the schema cannot express.
+
+Each measuring rule passes its job's settings as one JSON argument built here (`job_spec`); the
+raw files are stamped and hashed with it, so its keys and values follow the config's exactly.
+The checks raise DecodelabError naming the config key; the .smk files turn it into WorkflowError.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from . import tables
+from .errors import DecodelabError
+from .hosts import MANIFEST, RESERVED
+from .names import NAME_RULE, is_valid_name
+from .shapes import PRESETS, declared_positions, position_overrun, preset_positions
+
+
+def frozen(value):
+    """YAML lists as tuples, so that a frozen dataclass holds nothing mutable (JSON writes both
+    as lists)."""
+    return tuple(frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def build(cls, section: Mapping):
+    """A dataclass from a config section whose keys are its fields."""
+    return cls(**{key: frozen(value) for key, value in section.items()})
+
+
+@dataclass(frozen=True)
+class Confidence:
+    """The percentile-bootstrap interval of every statistics table (config 'stats')."""
+
+    confidence: float = 0.95
+    bootstrap_resamples: int = 2000
+    seed: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> Confidence:
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is drawn: temperature 0 is greedy (argmax); top_k 0 and top_p 1 keep
+    every token."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> Sampling:
+        return cls(spec["temperature"], spec["top_k"], spec["top_p"])
+
+    def in_mode(self, mode: str) -> Sampling:
+        """The speculative study's modes: `greedy` takes the argmax, `sampled` these settings."""
+        return GREEDY if mode == "greedy" else self
+
+
+GREEDY = Sampling()
+
+
+SWEEP_JOB_KEYS = ("budgets", "prompt_lengths", "dtype", "inner_repeats", "warmup")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Config 'sweep': the decode-latency sweep and the KV-cache ablation."""
+
+    models: tuple[str, ...]
+    budgets: tuple[int, ...]
+    prompt_lengths: tuple[int, ...]
+    dtype: str | tuple[str, ...]
+    repeats: int
+    inner_repeats: int
+    warmup: int
+    seed: int  # the config's top-level seed
+    backends: tuple[str, ...] | None = None
+    ablation_models: tuple[str, ...] | None = None
+    sdp_backends: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_config(cls, section: Mapping, seed: int) -> Sweep:
+        return build(cls, {**section, "seed": seed})
+
+    @property
+    def ablation(self) -> tuple[str, ...]:
+        return self.ablation_models or self.models
+
+    def section(self) -> dict:
+        """The config section as given."""
+        return {k: v for k, v in asdict(self).items() if k != "seed" and v is not None}
+
+    def job_spec(self) -> dict:
+        """One sweep process's settings; `sdp_backends` only when set, so older raw files keep
+        their hash."""
+        spec = {key: getattr(self, key) for key in SWEEP_JOB_KEYS}
+        if self.sdp_backends is not None:
+            spec["sdp_backends"] = self.sdp_backends
+        return {**spec, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One draft/target configuration of config 'speculative.pairs'."""
+
+    target: str
+    draft: str
+    target_device: str
+    draft_device: str
+    dtype: str = "float32"
+
+    @property
+    def devices(self) -> set[str]:
+        return {self.target_device, self.draft_device}
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> Pair:
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Config 'speculative.parallelism': the target's forward time on K+1 tokens against 1."""
+
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16)
+    context: int = 128
+    inner: int = 5
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """Config 'speculative': the study's grid, its configurations and its sampled mode."""
+
+    pairs: Mapping[str, Pair]
+    ks: tuple[int, ...]
+    modes: tuple[str, ...]
+    sampling: Sampling  # the `sampled` mode's
+    prompts: int
+    prompt_len: int
+    budget: int
+    repeats: int
+    hf_assisted: bool
+    parallelism: Parallelism
+    seed: int  # the config's top-level seed
+
+    @classmethod
+    def from_config(cls, section: Mapping, seed: int) -> Speculative:
+        rest = {k: v for k, v in section.items()
+                if k not in ("pairs", "parallelism", "temperature", "top_k", "top_p")}
+        return cls(pairs={name: Pair.from_spec(p) for name, p in section["pairs"].items()},
+                   sampling=Sampling.from_spec(section),
+                   parallelism=build(Parallelism, section["parallelism"]),
+                   seed=seed, **{k: frozen(v) for k, v in rest.items()})
+
+    def grid(self) -> dict:
+        return {"ks": self.ks, "modes": self.modes, **asdict(self.sampling),
+                "prompts": self.prompts, "prompt_len": self.prompt_len, "budget": self.budget,
+                "hf_assisted": self.hf_assisted}
+
+    def job_spec(self) -> dict:
+        """One speculative process's settings."""
+        return {**self.grid(), "seed": self.seed}
+
+    def parallelism_spec(self, dtype: str) -> dict:
+        """One parallelism process's settings, in its target's dtype."""
+        return {**asdict(self.parallelism), "dtype": dtype, "seed": self.seed}
+
+    def section(self) -> dict:
+        """The config section as given."""
+        return {**self.grid(), "pairs": {n: p.job_spec() for n, p in self.pairs.items()},
+                "repeats": self.repeats, "parallelism": asdict(self.parallelism)}
+
+
+@dataclass(frozen=True)
+class ExactLevel:
+    random_pairs: int
+    vocab_sizes: tuple[int, ...]
+    concentrations: tuple[float, ...]
+    real_positions: int
+    block_vocab: int
+    block_ks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MonteCarloLevel:
+    draws: int
+    vocab: int
+    block_draws: int
+
+
+@dataclass(frozen=True)
+class RealLevel:
+    tokens: int
+    budget: int
+    top: int
+    prompts: int
+    power_tokens: int
+    greedy_prompts: int
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Config 'verification': the three levels of the distribution-equivalence check."""
+
+    pairs: tuple[str, ...]
+    k: int
+    alpha: float
+    seeds: int
+    exact: ExactLevel
+    monte_carlo: MonteCarloLevel
+    real: RealLevel
+    seed: int  # the config's top-level seed
+
+    @classmethod
+    def from_config(cls, section: Mapping, seed: int) -> Verification:
+        return cls(pairs=frozen(section["pairs"]), k=section["k"], alpha=section["alpha"],
+                   seeds=section["seeds"], exact=build(ExactLevel, section["exact"]),
+                   monte_carlo=build(MonteCarloLevel, section["monte_carlo"]),
+                   real=build(RealLevel, section["real"]), seed=seed)
+
+    def job_spec(self) -> dict:
+        """Every verification job's settings: all but the pairs."""
+        return {k: v for k, v in asdict(self).items() if k != "pairs"}
+
+    def section(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "seed"}
+
+
+@dataclass(frozen=True)
+class Changepoints:
+    model: str
+    penalty: float
+    min_size: int
+    noise_floor: float
+
+
+@dataclass(frozen=True)
+class Onsets:
+    factor: float
+    baseline: int
+    run: int
+
+
+REGIME_RULE_KEYS = ("window", "threshold", "consistency", "alpha")
+
+
+@dataclass(frozen=True)
+class Regimes:
+    """Config 'regimes': the spike rule, change points and step-up onsets."""
+
+    window: int
+    threshold: float
+    consistency: float
+    alpha: float
+    changepoints: Changepoints
+    onsets: Onsets
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> Regimes:
+        rule = {k: section[k] for k in REGIME_RULE_KEYS}
+        return cls(**rule, changepoints=build(Changepoints, section["changepoints"]),
+                   onsets=build(Onsets, section["onsets"]))
+
+    def rule_spec(self) -> dict:
+        """The spike rule's settings only: a change-point setting does not rerun the rule."""
+        return {k: getattr(self, k) for k in REGIME_RULE_KEYS}
+
+    def job_spec(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The whole validated config."""
+
+    host: str | None
+    hosts: tuple[str, ...]
+    backends: tuple[str, ...]
+    strict: bool
+    seed: int
+    assume_available: tuple[str, ...]
+    cluster: str | None
+    gpu_model: str | None
+    containers: Mapping[str, str]
+    models: Mapping[str, Mapping]  # each source has its own keys; passed on as given
+    sweep: Sweep
+    speculative: Speculative
+    verification: Verification
+    regimes: Regimes
+    stats: Confidence
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> Settings:
+        seed = config["seed"]
+        return cls(
+            host=config["host"], hosts=frozen(config["hosts"]), backends=frozen(config["backends"]),
+            strict=config["strict"], seed=seed, assume_available=frozen(config["assume_available"]),
+            cluster=config["cluster"], gpu_model=config["gpu_model"],
+            containers=dict(config["containers"]), models=dict(config["models"]),
+            sweep=Sweep.from_config(config["sweep"], seed),
+            speculative=Speculative.from_config(config["speculative"], seed),
+            verification=Verification.from_config(config["verification"], seed),
+            regimes=Regimes.from_config(config["regimes"]),
+            stats=Confidence.from_spec(config["stats"]))
+
+    def paper_settings(self, host: str) -> dict:
+        """The settings the paper states. The sweep's keys sit at the top level, where a
+        `sweep.backends` takes the place of `backends`."""
+        return {
+            "host": host,
+            "backends": self.backends,
+            "shuffle_seed": self.seed,
+            **self.sweep.section(),
+            "models": {name: self.models[name] for name in self.sweep.models},
+            "regimes": self.regimes.job_spec(),
+            "stats": self.stats.job_spec(),
+            "speculative": self.speculative.section(),
+            "verification": self.verification.section(),
+        }
+
+    def position_needs(self) -> dict[str, tuple[int, str]]:
+        """Model -> (tokens, why): the longest sequence any of its jobs builds."""
+        needs: dict[str, tuple[int, str]] = {}
+
+        def need(model, tokens, why):
+            if tokens > needs.get(model, (0, ""))[0]:
+                needs[model] = (tokens, why)
+
+        sweep, spec = self.sweep, self.speculative
+        budget, prompt = max(sweep.budgets), max(sweep.prompt_lengths)
+        for name in sweep.models:
+            need(name, budget + prompt,
+                 f"config 'sweep' (budget {budget} + prompt length {prompt})")
+        k, par = max(spec.ks), spec.parallelism
+        spec_tokens = spec.prompt_len + spec.budget + k
+        spec_why = (f"config 'speculative' (prompt_len {spec.prompt_len} + budget "
+                    f"{spec.budget} + K {k})")
+        par_k = max(par.ks)
+        par_why = f"config 'speculative.parallelism' (context {par.context} + K {par_k} + 1)"
+        for pair in spec.pairs.values():
+            need(pair.draft, spec_tokens, spec_why)
+            need(pair.target, spec_tokens, spec_why)
+            need(pair.target, par.context + par_k + 1, par_why)  # only targets are timed
+        return needs
+
+
+# --- checks the schema cannot express, in the order the DAG runs them ---------------------------
+
+def this_host(configured: str | None, hostname: str) -> str:
+    """Config 'host', else the machine's hostname: its first label, other characters as '-',
+    less any leading ones that cannot start a name."""
+    if configured:
+        return configured
+    label = next((part for part in hostname.split(".") if part), "")
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", label)[:64]
+    while name and not is_valid_name(name):
+        name = name[1:]
+    if not name:
+        raise DecodelabError(f"this machine's hostname {hostname!r} gives no usable host name; "
+                             f"set config 'host' ({NAME_RULE})")
+    return name
+
+
+def check_model_names(settings: Settings) -> None:
+    sweep, models = settings.sweep, settings.models
+    named = [("sweep.models", m) for m in sweep.models]
+    named += [(f"models.{n}.teacher", s["teacher"]) for n, s in models.items() if "teacher" in s]
+    named += [(f"speculative.pairs.{n}.{role}", getattr(p, role))
+              for n, p in settings.speculative.pairs.items() for role in ("target", "draft")]
+    for key, name in named:
+        if name not in models:
+            raise DecodelabError(f"config '{key}': no model named {name!r} in 'models'")
+    for name in sweep.ablation_models or ():
+        if name not in sweep.models:
+            raise DecodelabError(f"config 'sweep.ablation_models': {name!r} is not in sweep.models")
+
+
+def check_verification_pairs(settings: Settings) -> None:
+    pairs = settings.speculative.pairs
+    for name in settings.verification.pairs:
+        if name not in pairs:
+            raise DecodelabError(f"config 'verification.pairs': no pair named {name!r} in "
+                                 f"'speculative.pairs' (known: {', '.join(pairs)})")
+
+
+def case_twin(names: Iterable[str]) -> tuple[str, str] | None:
+    """Two of `names` equal but for case (one directory on macOS's file system), or None."""
+    seen: dict[str, str] = {}
+    for name in names:
+        if name.casefold() in seen:
+            return seen[name.casefold()], name
+        seen[name.casefold()] = name
+    return None
+
+
+def check_names_differ_by_more_than_case(settings: Settings) -> None:
+    named = {"models": settings.models, "speculative.pairs": settings.speculative.pairs}
+    for key, names in named.items():
+        twins = case_twin(names)
+        if twins:
+            raise DecodelabError(
+                f"config '{key}': {twins[0]!r} and {twins[1]!r} differ only by case, and name "
+                "the same directory on a case-insensitive file system (macOS); rename one")
+
+
+# Names no host may take: results/<x> entries that are not a host's (`make report` writes
+# results/report.html). This host may not take either the entries of logs/ and benchmarks/ that
+# rules outside any host write, which logs/<host>/ and benchmarks/<host>/ would meet.
+NOT_RESULTS = (*RESERVED, "report.html")
+NOT_HOSTS = (*NOT_RESULTS, "prepare_model", "merge_hosts.log", "paper.log")
+
+
+def check_hosts(host: str, imported: Iterable[str], results: Path = Path("results")) -> None:
+    """This host writes only results/<host>/: never a reserved folder, never an imported host."""
+    imported = list(imported)
+    if host.casefold() in {name.casefold() for name in NOT_HOSTS}:
+        raise DecodelabError(f"host name {host!r} is reserved ({', '.join(NOT_HOSTS)} are "
+                             "entries of results/, logs/ or benchmarks/ that are not a host's, in "
+                             "any case); set config 'host' to another name")
+    twins = case_twin([host, *imported])
+    if twins:
+        raise DecodelabError(f"config 'hosts': {twins[1]!r} names the same results/ directory as "
+                             f"{twins[0]!r} (this host or another listed one; case does not tell "
+                             "names apart on macOS)")
+    if (results / host / MANIFEST).is_file():
+        raise DecodelabError(f"host name {host!r}: results/{host}/ holds results imported from "
+                             f"another host (results/{host}/{MANIFEST}), which this run must not "
+                             "overwrite; set config 'host' to another name")
+    for other in imported:
+        if other.casefold() in {name.casefold() for name in NOT_RESULTS}:
+            raise DecodelabError(f"config 'hosts': {other!r} is a reserved name "
+                                 f"({', '.join(NOT_RESULTS)}, in any case), not a host's results")
+        missing = [f"results/{other}/stats/{t}.csv" for t in tables.required()
+                   if not (results / other / "stats" / f"{t}.csv").is_file()]
+        if missing:
+            raise DecodelabError(f"config 'hosts' lists {other!r} but {', '.join(missing)} is "
+                                 f"missing; import it first: decodelab import --from <dir or "
+                                 f"tarball> --host {other}")
+
+
+def check_cluster_backends(settings: Settings) -> None:
+    if settings.cluster == "slurm" and "mps" in settings.backends:
+        raise DecodelabError(
+            "config 'backends' lists 'mps', but the slurm profile (config 'cluster: slurm') runs "
+            "jobs on cluster nodes and no SLURM cluster has Apple MPS: run the MPS rules on the "
+            "Mac itself and pass backends='[cpu,cuda]' here (README: 'Containers, clusters and "
+            "several hosts')")
+
+
+def plan_backends(settings: Settings, available: Callable[[str], bool],
+                  why_unavailable: Callable[[str], str]) -> tuple[list[str], list[str]]:
+    """(planned, skipped): a backend is planned when present here, assumed by config, or on a
+    cluster's nodes; a skipped one is an error under `strict`."""
+    planned = [b for b in settings.backends
+               if available(b) or b in settings.assume_available or settings.cluster == "slurm"]
+    skipped = [b for b in settings.backends if b not in planned]
+    if skipped and settings.strict:
+        raise DecodelabError(f"config 'backends' lists {skipped[0]!r}, which is not available on "
+                             f"this host ({why_unavailable(skipped[0])}); remove it or set "
+                             "strict: false")
+    if not planned:
+        raise DecodelabError("none of the backends in config 'backends' is available on this host")
+    return planned, skipped
+
+
+def sweep_backends(settings: Settings, planned: list[str], host: str) -> list[str]:
+    """The planned backends the sweep runs on (config 'sweep.backends', default all)."""
+    backends = [b for b in settings.sweep.backends or planned if b in planned]
+    if not backends:
+        raise DecodelabError(f"none of config 'sweep.backends' "
+                             f"({', '.join(settings.sweep.backends)}) is available on this host "
+                             f"({host})")
+    return backends
+
+
+def known_positions(name: str, spec: Mapping) -> int | None:
+    """A model's learned positions as far as the DAG can know them: None for `hf` (its job
+    checks once downloaded) and for position schemes without a table (ALiBi)."""
+    if spec["source"] == "init":
+        if spec["preset"] not in PRESETS:
+            raise DecodelabError(f"config 'models.{name}.preset': unknown preset "
+                                 f"{spec['preset']!r}; known: {', '.join(PRESETS)}")
+        return preset_positions(spec["preset"])
+    if spec["source"] == "train":
+        return spec["n_positions"]
+    if spec["source"] == "local":
+        config_json = Path(spec["path"]).expanduser() / "config.json"
+        if not config_json.is_file():
+            raise DecodelabError(f"config 'models.{name}.path': {spec['path']!r} has no "
+                                 "config.json (expected a directory in Hugging Face format)")
+        try:
+            return declared_positions(config_json)
+        except DecodelabError as err:
+            raise DecodelabError(f"config 'models.{name}.path': {err}") from None
+    return None
+
+
+def check_positions(settings: Settings, needs: Mapping[str, tuple[int, str]]) -> None:
+    """Fail before any job when a sequence would overrun a learned position table."""
+    for name, spec in settings.models.items():
+        positions = known_positions(name, spec)
+        if name in needs:
+            problem = position_overrun(name, positions, *needs[name])
+            if problem:
+                raise DecodelabError(problem)
+
+
+def check_changepoints(settings: Settings) -> None:
+    cp = settings.regimes.changepoints
+    if cp.model == "linear" and cp.min_size < 3:
+        raise DecodelabError(
+            "config 'regimes.changepoints.min_size': model 'linear' needs segments of at least 3"
+            f" budgets (a line through 2 points has no residual), got {cp.min_size}")
+
+
+def check_local_images(settings: Settings, planned: list[str]) -> None:
+    """Under --sdm apptainer, an image given as a file must exist before any job starts."""
+    for backend in sorted({"cpu"} | ({"cuda"} & set(planned))):
+        image = settings.containers[backend]
+        if "://" not in image and not Path(image).exists():
+            raise DecodelabError(f"config 'containers.{backend}': image {image!r} does not exist; "
+                                 "build it (envs/README.md) or run without --sdm apptainer")
+
+
+SCHEMA = Path("workflow/schemas/config.schema.yaml")
+
+
+def load_settings(path: str | Path, schema: str | Path = SCHEMA) -> Settings:
+    """A config file's settings outside Snakemake: validated, its defaults filled in as the
+    Snakefile's `validate` fills them."""
+    import yaml
+
+    from .configcheck import schema_problem, with_defaults
+
+    config = yaml.safe_load(Path(path).read_text())
+    problem = schema_problem(config, schema)
+    if problem:
+        raise DecodelabError(f"{path}: {problem}")
+    return Settings.from_config(with_defaults(config, yaml.safe_load(Path(schema).read_text())))
+
+
+def bench_settings(path: str | Path, pair: str, ks: list[int] | None = None,
+                   prompts: int | None = None, budget: int | None = None
+                   ) -> tuple[Pair, Speculative]:
+    """`decodelab bench`'s configuration and study: config `speculative` of the file at `path`,
+    greedy with HF assisted generation beside it, with K, prompts and budget as given."""
+    study = load_settings(path).speculative
+    if pair not in study.pairs:
+        raise DecodelabError(f"{path}: no pair named {pair!r} in 'speculative.pairs' "
+                             f"(known: {', '.join(study.pairs)})")
+    return study.pairs[pair], replace(study, modes=("greedy",), hf_assisted=True,
+                                      ks=tuple(ks or study.ks), prompts=prompts or study.prompts,
+                                      budget=budget or study.budget)

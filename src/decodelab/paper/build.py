@@ -1,0 +1,66 @@
+"""The paper's build: every section's generated TeX, then latexmk.
+
+The paper sources under `paper/` never contain a result; they `\\input` generated/macros.tex
+(a \\newcommand per quoted number or string, a \\newif per flag, from every section) and the
+tab_*.tex tables that the sections write.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..errors import DecodelabError
+from ..io import atomic
+from . import artifact, environment, latency, regime_depth, settings, speculative, verification
+from .section import Section
+from .tex import macros_tex
+
+SECTIONS = (settings, environment, latency, speculative, verification, regime_depth, artifact)
+
+
+def merged(sections: list[Section]) -> Section:
+    """One section of all: a macro, flag or file that two sections define is a bug."""
+    out = Section({}, {}, {})
+    for section in sections:
+        for mine, theirs in ((out.macros, section.macros), (out.flags, section.flags),
+                             (out.files, section.files)):
+            if twice := sorted(set(mine) & set(theirs)):
+                raise ValueError(f"defined by two sections of the paper: {twice}")
+            mine.update(theirs)
+    return out
+
+
+def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path]:
+    """macros.tex and tab_*.tex under `out_dir`, from the stats tables and the settings."""
+    paper = merged([section.parts(Path(stats_dir), settings) for section in SECTIONS])
+    files = {"macros.tex": macros_tex(paper.macros, paper.flags), **paper.files}
+    return [atomic(Path(out_dir) / name, lambda p, text=text: p.write_text(text))
+            for name, text in files.items()]
+
+
+def latexmk(build_dir: Path, main: str = "paper.tex") -> Path:
+    if shutil.which("latexmk") is None:
+        raise DecodelabError("latexmk is not on PATH; install TeX Live (latexmk, pdflatex)")
+    cmd = ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", main]
+    done = subprocess.run(cmd, cwd=build_dir, capture_output=True, text=True)
+    if done.returncode != 0:
+        log = Path(build_dir) / Path(main).with_suffix(".log")
+        raise DecodelabError(f"latexmk failed (exit {done.returncode}); see {log}\n"
+                             f"{done.stdout[-3000:]}")
+    return Path(build_dir) / Path(main).with_suffix(".pdf")
+
+
+def build(sources: Path, stats_dir: Path, figures_dir: Path, settings: dict,
+          build_dir: Path, out: Path) -> Path:
+    """Copy the sources, generate TeX, copy the figures, compile, and place the PDF at `out`."""
+    build_dir = Path(build_dir)
+    shutil.rmtree(build_dir, ignore_errors=True)
+    shutil.copytree(sources, build_dir)
+    write_generated(stats_dir, settings, build_dir / "generated")
+    (build_dir / "figures").mkdir(exist_ok=True)
+    for pdf in sorted(Path(figures_dir).glob("*.pdf")):
+        shutil.copy2(pdf, build_dir / "figures" / pdf.name)
+    pdf = latexmk(build_dir)
+    return atomic(out, lambda p: shutil.copyfile(pdf, p))

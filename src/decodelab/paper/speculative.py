@@ -1,0 +1,406 @@
+r"""Speculative decoding: draft/target pairs, acceptance, speedup against the theory, the
+verification parallelism, Hugging Face assisted generation, and the models trained here.
+
+    generated/tab_spec_pairs.tex  per draft/target pair: best K, speedup, acceptance, ran/skipped
+    generated/tab_spec_hf.tex     our speculative decoding over Hugging Face assisted generation
+    generated/tab_models.tex      models trained here: size, losses, acceptance vs the teacher
+
+The stage is optional: without speculative_speedup.csv \SpeculativeReady is false and the
+macros that come from its tables read '--' (those of the settings still say what was asked for).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import tables
+from . import seed
+from .environment import backends_run
+from .read import model_field, read_models, spec_modes, spec_pairs
+from .section import Section, stage
+from .settings import (
+    PARALLEL_K,
+    confidence,
+    requested_pairs,
+    spec_settings,
+    spec_settings_macros,
+)
+from .tex import NONE, ci, finite, human_list, label, percent, sig, tabular, tex_escape, tt
+
+
+def no_rows() -> dict[str, pd.DataFrame]:
+    """The stage's tables without rows: what its macros are built on when it did not run."""
+    return {t.key: pd.DataFrame() for t in tables.group("speculative")}
+
+
+def read_speculative(stats_dir: Path) -> dict[str, pd.DataFrame] | None:
+    """The speculative tables, or None when the stage did not run (no speculative_speedup.csv)."""
+    if not tables.path(stats_dir, "speculative_speedup").exists():
+        return None
+    return tables.read_group(stats_dir, "speculative")
+
+
+def num(models: pd.DataFrame, model: str, field: str, fmt=sig) -> str:
+    value = model_field(models, model, field)
+    return fmt(float(value)) if finite(value) else NONE
+
+
+
+def pair_order(settings: dict, *frames: pd.DataFrame) -> list[str]:
+    """Pairs in the order the configuration lists them, then any others in the tables."""
+    requested = list(requested_pairs(settings))
+    return requested + [p for p in spec_pairs(*frames) if p not in requested]
+
+
+def pair_devices(settings: dict, pair: str) -> tuple[str, str]:
+    """(draft device, target device) labels of a pair, '--' where the settings do not say."""
+    spec = requested_pairs(settings).get(pair, {})
+    return (label(spec["draft_device"]) if "draft_device" in spec else NONE,
+            label(spec["target_device"]) if "target_device" in spec else NONE)
+
+
+def best_per_pair_mode(speedup: pd.DataFrame) -> pd.DataFrame:
+    """The row with the largest median speedup for every (pair, mode)."""
+    rows = speedup.dropna(subset=["speedup"]) if len(speedup) else speedup
+    if not len(rows):
+        return rows
+    return rows.loc[rows.groupby(["pair", "mode"])["speedup"].idxmax()]
+
+
+def headline_mode(speedup: pd.DataFrame) -> str:
+    modes = spec_modes(speedup)
+    return modes[0] if modes else "sampled"
+
+
+def best_pair(speedup: pd.DataFrame) -> str | None:
+    """The pair with the largest speedup in the headline mode (sampled when it was run)."""
+    best = best_per_pair_mode(speedup)
+    best = best[best["mode"] == headline_mode(speedup)] if len(best) else best
+    if not len(best):
+        return None
+    top = best.sort_values(["speedup", "pair"], ascending=[False, True]).iloc[0]
+    return str(top["pair"])
+
+
+def lookup(df: pd.DataFrame, column: str, **keys):
+    """The value of `column` in the one row matching `keys`, else NaN."""
+    if not len(df) or column not in df:
+        return float("nan")
+    hit = df[np.logical_and.reduce([df[k] == v for k, v in keys.items()])]
+    return hit[column].iloc[0] if len(hit) else float("nan")
+
+
+def first_k(acceptance: pd.DataFrame, pair: str | None = None, mode: str | None = None):
+    rows = acceptance
+    if len(rows) and pair is not None:
+        rows = rows[(rows["pair"] == pair) & (rows["mode"] == mode)]
+    return int(rows["k"].min()) if len(rows) else None
+
+
+def slower_pairs(speedup: pd.DataFrame, mode: str, column: str = "speedup") -> list[str]:
+    """Pairs whose `column` (median, or the CI's upper end) is below one at every K."""
+    rows = speedup[speedup["mode"] == mode] if len(speedup) else speedup
+    if not len(rows):
+        return []
+    top = rows.groupby("pair")[column].max()
+    return sorted(top[top < 1].index)
+
+
+def parallel_row(parallelism: pd.DataFrame, backend: str, target: str | None):
+    """The ratio row quoted for `backend`: K = PARALLEL_K or the largest K below it measured
+    (the smallest K when all exceed it), for the headline target model when measured there."""
+    rows = parallelism[parallelism["backend"] == backend] if len(parallelism) else parallelism
+    if not len(rows):
+        return None
+    models = sorted(rows["model"].astype(str).unique())
+    model = target if target in models else models[0]
+    rows = rows[rows["model"].astype(str) == model]
+    below = rows[rows["k"] <= PARALLEL_K]
+    k = below["k"].max() if len(below) else rows["k"].min()
+    return rows[rows["k"] == k].iloc[0]
+
+
+def skipped_pairs(settings: dict, speedup: pd.DataFrame, env: pd.DataFrame) -> dict[str, str]:
+    """Requested pairs without a result -> the devices they need that this host lacks."""
+    requested = requested_pairs(settings)
+    ran = set(speedup["pair"]) if len(speedup) else set()
+    have = set(backends_run(env))
+    for name in ran & set(requested):
+        have |= {requested[name].get("draft_device"), requested[name].get("target_device")}
+    out = {}
+    for name, pair in requested.items():
+        if name in ran:
+            continue
+        devices = list(dict.fromkeys([pair.get("draft_device"), pair.get("target_device")]))
+        missing = [label(d) for d in devices if d and d not in have]
+        out[name] = (f"needs {human_list(missing)}" if missing
+                     else "no result reached the statistics")
+    return out
+
+
+def spec_pair_macros(t: dict[str, pd.DataFrame], settings: dict,
+                     env: pd.DataFrame) -> dict[str, str]:
+    speedup, acceptance, theory = t["speedup"], t["acceptance"], t["theory"]
+    ran = spec_pairs(speedup)
+    skipped = skipped_pairs(settings, speedup, env)
+    requested = requested_pairs(settings)
+    mode = headline_mode(speedup)
+    macros = {
+        "SpecNumPairsRequested": str(len(requested)),
+        "SpecNumPairsRun": str(len(ran)),
+        "SpecPairsRun": human_list([tt(p) for p in pair_order(settings, speedup) if p in ran]),
+        "SpecNumPairsSkipped": str(len(skipped)),
+        "SpecPairsSkipped": human_list([f"{tt(p)} ({why})" for p, why in skipped.items()]),
+    }
+    for m in ("sampled", "greedy"):
+        name = m.title()
+        slow = slower_pairs(speedup, m)
+        macros[f"SpecNumSlower{name}"] = str(len(slow))
+        macros[f"SpecSlowerPairs{name}"] = human_list([tt(p) for p in slow])
+        macros[f"SpecNumSlowerCI{name}"] = str(len(slower_pairs(speedup, m, "ci_high")))
+    pair = best_pair(speedup)
+    draft, target = pair_devices(settings, pair) if pair else (NONE, NONE)
+    macros.update({"SpecBestPair": tt(pair) if pair else NONE,
+                   "SpecBestDraftDevice": draft, "SpecBestTargetDevice": target})
+    best = best_per_pair_mode(speedup)
+    for m in ("sampled", "greedy"):
+        name = m.title()
+        row = best[(best["pair"] == pair) & (best["mode"] == m)] if len(best) else best
+        row = row.iloc[0] if len(row) else None
+        k = int(row["k"]) if row is not None else None
+        k1 = first_k(acceptance, pair, m) if pair else None
+        macros.update({
+            f"SpecBestK{name}": str(k) if k is not None else NONE,
+            f"SpecBestSpeedup{name}": sig(row["speedup"]) if row is not None else NONE,
+            f"SpecBestCI{name}": ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
+            f"SpecFirstK{name}": str(k1) if k1 is not None else NONE,
+            f"SpecAccFirstK{name}": percent(lookup(acceptance, "acceptance", pair=pair, mode=m,
+                                               k=k1)) if k1 is not None else NONE,
+            f"SpecAccBestK{name}": percent(lookup(acceptance, "acceptance", pair=pair, mode=m,
+                                              k=k)) if k is not None else NONE,
+            f"SpecTokensPerCallBest{name}": sig(lookup(acceptance, "tokens_per_call", pair=pair,
+                                                       mode=m, k=k)) if k is not None else NONE,
+        })
+    k = macros[f"SpecBestK{mode.title()}"] if mode.title() in ("Sampled", "Greedy") else NONE
+    at = {"pair": pair, "mode": mode, "k": int(k)} if k != NONE else None
+    macros.update({
+        "SpecBestAlpha": sig(lookup(theory, "alpha", **at)) if at else NONE,
+        "SpecBestCostRatio": sig(lookup(theory, "cost_ratio", **at)) if at else NONE,
+        "SpecBestPredicted": sig(lookup(theory, "predicted", **at)) if at else NONE,
+    })
+    return macros
+
+
+def spec_result_macros(t: dict[str, pd.DataFrame], settings: dict) -> dict[str, str]:
+    """Theory gap, verification parallelism per backend, and the HF assisted peer."""
+    theory, parallelism, hf = t["theory"], t["parallelism"], t["hf"]
+    macros: dict[str, str] = {}
+    gap = pd.Series(dtype=float)
+    if len(theory) and {"measured", "predicted"} <= set(theory.columns):
+        ok = theory[np.isfinite(theory["predicted"]) & (theory["predicted"] > 0)]
+        gap = (ok["measured"] / ok["predicted"]).dropna()
+    macros.update({"SpecTheoryGap": sig(gap.median()) if len(gap) else NONE,
+                   "SpecTheoryGapMin": sig(gap.min()) if len(gap) else NONE,
+                   "SpecTheoryGapMax": sig(gap.max()) if len(gap) else NONE,
+                   "SpecTheoryPoints": str(len(gap))})
+
+    pair = best_pair(t["speedup"])
+    target = requested_pairs(settings).get(pair, {}).get("target") if pair else None
+    summary = []
+    for backend in tables.BACKEND_ORDER:
+        row = parallel_row(parallelism, backend, target)
+        if row is not None:
+            k = int(row["k"])
+            summary.append(f"{label(backend)} {sig(row['ratio'])}\\x{{}} "
+                           f"{ci(row['ci_low'], row['ci_high'])} at $K={k}$ (serial: {k + 1})")
+    macros["SpecParallelSummary"] = "; ".join(summary) or NONE
+
+    ratio = hf.dropna(subset=["ours_over_hf"]) if "ours_over_hf" in hf else hf.iloc[0:0]
+    macros["SpecHfNumPairs"] = str(ratio["pair"].nunique()) if len(ratio) else "0"
+    macros["SpecHfPairs"] = human_list([tt(p) for p in spec_pairs(ratio)])
+    for name, pick in (("Min", "idxmin"), ("Max", "idxmax")):
+        row = ratio.loc[getattr(ratio["ours_over_hf"], pick)()] if len(ratio) else None
+        macros.update({
+            f"SpecHfOver{name}": sig(row["ours_over_hf"]) if row is not None else NONE,
+            f"SpecHf{name}CI": ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
+            f"SpecHf{name}Pair": tt(row["pair"]) if row is not None else NONE,
+            f"SpecHf{name}K": str(int(row["k"])) if row is not None else NONE,
+        })
+    for name, col in (("Ours", "agree_speculative"), ("Hf", "agree_hf_assisted")):
+        values = hf[col].dropna() if col in hf else pd.Series(dtype=float)
+        macros[f"SpecAgree{name}"] = percent(values.min()) if len(values) else NONE
+    return macros
+
+
+def spec_model_macros(models: pd.DataFrame, settings: dict, pair: str | None) -> dict[str, str]:
+    target, draft = headline_models(settings, pair)
+    sha = model_field(models, draft, "corpus_sha256") or model_field(models, target,
+                                                                     "corpus_sha256")
+    nbytes = model_field(models, target, "corpus_bytes")
+    return {
+        "SpecTarget": tt(target) if target else NONE, "SpecDraft": tt(draft) if draft else NONE,
+        "SpecTargetParams": num(models, target, "parameters", millions),
+        "SpecDraftParams": num(models, draft, "parameters", millions),
+        "SpecTargetHeldoutLoss": num(models, target, "heldout_loss"),
+        "SpecDraftHeldoutLoss": num(models, draft, "heldout_loss"),
+        "SpecBeta": num(models, draft, "beta"),
+        "SpecDraftGreedyAgreement": num(models, draft, "greedy_agreement", percent),
+        "SpecCorpusHash": tt(str(sha)[:12]) if isinstance(sha, str) and sha else NONE,
+        "SpecCorpusMiB": f"{sig(float(nbytes) / 2**20)}~MiB" if finite(nbytes) else NONE,
+        "SpecCorpusPython": tex_escape(model_field(models, target, "python") or NONE),
+    }
+
+
+def millions(n) -> str:
+    return f"{sig(float(n) / 1e6)}M"
+
+
+def headline_models(settings: dict, pair: str | None) -> tuple[str | None, str | None]:
+    """(target, draft) of the best pair, else of the first pair the configuration lists."""
+    pairs = requested_pairs(settings)
+    spec = pairs.get(pair) or next(iter(pairs.values()), {})
+    return spec.get("target"), spec.get("draft")
+
+
+def trained_pair(models: pd.DataFrame, settings: dict, pair: str | None) -> bool:
+    return all(r and model_field(models, r, "source") == "train"
+               for r in headline_models(settings, pair))
+
+
+def init_pair_models(models: pd.DataFrame, settings: dict) -> list[str]:
+    """Models with random weights (`init`) that a requested pair drafts or verifies with."""
+    named = dict.fromkeys(m for p in requested_pairs(settings).values()
+                          for m in (p.get("draft"), p.get("target")) if m)
+    return [m for m in named if model_field(models, m, "source") == "init"]
+
+
+def distilled_pair(models: pd.DataFrame, settings: dict, pair: str | None) -> bool:
+    """The draft names the target as its teacher."""
+    target, draft = headline_models(settings, pair)
+    teacher = model_field(models, draft, "teacher") if draft else None
+    if teacher is None and draft:
+        teacher = settings.get("models", {}).get(draft, {}).get("teacher")
+    return bool(target) and teacher == target
+
+
+def speculative_macros(t: dict[str, pd.DataFrame] | None, models: pd.DataFrame, settings: dict,
+                       env: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
+    """Every speculative macro, '--' without the stage, so the paper compiles either way."""
+    t = t or no_rows()
+    pair = best_pair(t["speedup"])
+    macros = {**seed.speculative_claims(), **spec_settings_macros(settings),
+              **spec_pair_macros(t, settings, env), **spec_result_macros(t, settings),
+              **spec_model_macros(models, settings, pair),
+              "SpecInitModels": human_list([tt(m) for m in init_pair_models(models, settings)])}
+    hf = t["hf"]
+    flags = {
+        "SpecParallelRan": len(t["parallelism"]) > 0,
+        "SpecHfRan": bool("ours_over_hf" in hf and hf["ours_over_hf"].notna().any()),
+        "SpecHfRequested": bool(spec_settings(settings).get("hf_assisted")),
+        "SpecAnySkipped": macros["SpecNumPairsSkipped"] != "0",
+        "SpecTrainedPair": trained_pair(models, settings, pair),
+        "SpecDraftDistilled": distilled_pair(models, settings, pair),
+        "SpecInitPair": bool(init_pair_models(models, settings)),
+    }
+    return macros, flags
+
+
+def spec_pairs_table(t: dict[str, pd.DataFrame] | None, settings: dict, env: pd.DataFrame,
+                     confidence: str) -> str:
+    speedup = t["speedup"] if t else pd.DataFrame()
+    acceptance = t["acceptance"] if t else pd.DataFrame()
+    best = best_per_pair_mode(speedup)
+    skipped = skipped_pairs(settings, speedup, env)
+    k1 = first_k(acceptance)
+    rows = []
+    for pair in pair_order(settings, speedup):
+        draft, target = pair_devices(settings, pair)
+        if pair in skipped:
+            rows.append([tt(pair), draft, target,
+                         f"\\multicolumn{{6}}{{l}}{{\\emph{{{skipped[pair]}}}}}", "skipped"])
+            continue
+        for i, mode in enumerate(spec_modes(speedup[speedup["pair"] == pair])):
+            row = best[(best["pair"] == pair) & (best["mode"] == mode)]
+            row = row.iloc[0] if len(row) else None
+            k = int(row["k"]) if row is not None else None
+            first = first_k(acceptance, pair, mode)
+            rows.append([tt(pair) if i == 0 else "", draft if i == 0 else "",
+                         target if i == 0 else "", mode, str(k) if k is not None else NONE,
+                         sig(row["speedup"]) if row is not None else NONE,
+                         ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
+                         percent(lookup(acceptance, "acceptance", pair=pair, mode=mode, k=first))
+                         if first is not None else NONE,
+                         percent(lookup(acceptance, "acceptance", pair=pair, mode=mode, k=k))
+                         if k is not None else NONE, "ran" if i == 0 else ""])
+    first = f"$K={k1}$" if k1 is not None else "first $K$"
+    header = [
+        r" & \multicolumn{2}{c}{Device} & & \multicolumn{3}{c}{Best speedup}"
+        r" & \multicolumn{2}{c}{Acceptance} & \\",
+        r"\cmidrule(lr){2-3} \cmidrule(lr){5-7} \cmidrule(lr){8-9}",
+        f"Pair & draft & target & Mode & $K$ & speedup & {confidence} CI & at {first} & "
+        r"at best $K$ & Status \\",
+    ]
+    return tabular("@{}llllrrcrrl@{}", header, rows, "no draft/target pair in this build")
+
+
+def spec_hf_table(t: dict[str, pd.DataFrame] | None, confidence: str) -> str:
+    hf = t["hf"] if t else pd.DataFrame()
+    rows = []
+    for pair in spec_pairs(hf):
+        g = hf[hf["pair"] == pair]
+        ratio = g.dropna(subset=["ours_over_hf"]) if "ours_over_hf" in g else g.iloc[0:0]
+        agree = [percent(g[c].min()) if c in g and g[c].notna().any() else NONE
+                 for c in ("agree_speculative", "agree_hf_assisted")]
+        if not len(ratio):
+            rows.append([tt(pair), str(g["k"].nunique()), *[NONE] * 7, *agree])
+            continue
+        lo = ratio.loc[ratio["ours_over_hf"].idxmin()]
+        hi = ratio.loc[ratio["ours_over_hf"].idxmax()]
+        rows.append([tt(pair), str(ratio["k"].nunique()),
+                     sig(lo["ours_over_hf"]), ci(lo["ci_low"], lo["ci_high"]), str(int(lo["k"])),
+                     sig(ratio["ours_over_hf"].median()),
+                     sig(hi["ours_over_hf"]), ci(hi["ci_low"], hi["ci_high"]), str(int(hi["k"])),
+                     *agree])
+    header = [
+        r" & & \multicolumn{3}{c}{Minimum} & Median & \multicolumn{3}{c}{Maximum}"
+        r" & \multicolumn{2}{c}{Greedy agreement} \\",
+        r"\cmidrule(lr){3-5} \cmidrule(lr){7-9} \cmidrule(lr){10-11}",
+        f"Pair & $K$s & ratio & {confidence} CI & $K$ & ratio & ratio & {confidence} CI & $K$ & "
+        r"ours & HF \\",
+    ]
+    return tabular("@{}lrrcrrrcrrr@{}", header, rows,
+                   "no Hugging Face assisted run in this build (same-device pairs only)")
+
+
+def models_table(models: pd.DataFrame, settings: dict) -> str:
+    specs = settings.get("models", {})
+    names = [m for m in models["model"].astype(str)
+             if model_field(models, m, "source") == "train"] if len(models) else []
+    rows = []
+    for m in names:
+        spec = specs.get(m, {})
+        layers = model_field(models, m, "n_layer") or spec.get("n_layer")
+        width = model_field(models, m, "n_embd") or spec.get("n_embd")
+        teacher = model_field(models, m, "teacher") or spec.get("teacher")
+        rows.append([tt(m), tt(teacher) if teacher else NONE,
+                     f"{int(layers)} $\\times$ {int(width)}" if finite(layers) and finite(width)
+                     else NONE,
+                     num(models, m, "parameters", millions), num(models, m, "train_loss"),
+                     num(models, m, "heldout_loss"), num(models, m, "beta"),
+                     num(models, m, "greedy_agreement", percent), num(models, m, "wall_s")])
+    header = [r"Model & Teacher & Layers $\times$ width & Parameters & Train loss & "
+              r"Held-out loss & $\beta$ & Greedy agreement & Wall (s) \\"]
+    return tabular("@{}llrrrrrrr@{}", header, rows, "no model trained in this build")
+
+
+def parts(stats_dir: Path, settings: dict) -> Section:
+    t = read_speculative(stats_dir)
+    env, models = tables.read(stats_dir, "environment"), read_models(stats_dir)
+    macros, flags = speculative_macros(t, models, settings, env)
+    return stage("SpeculativeReady", t is not None, Section(macros, flags, {
+        "tab_spec_pairs.tex": spec_pairs_table(t, settings, env, confidence(settings)),
+        "tab_spec_hf.tex": spec_hf_table(t, confidence(settings)),
+        "tab_models.tex": models_table(models, settings)}))

@@ -1,0 +1,222 @@
+"""Every statistics table, declared once: its file, the study it belongs to, the rule that writes
+it, its typed columns, what the host contract requires of it and its HTML-report category.
+
+The Snakemake rules expand their outputs from here; the figures, the paper, the host contract
+(`decodelab.hosts`) and the reference comparison read the tables through `read`/`read_group`.
+Adding a table is one declaration below plus the code that computes it.
+
+No pandas at import time: the DAG imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DecodelabError
+
+BACKEND_ORDER = ("cpu", "cuda", "mps")
+BACKEND_LABELS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
+# A group's file names share its prefix; read_group's keys drop it (speculative_hf -> "hf").
+PREFIXES = {"speculative": "speculative_", "verification": "verification_",
+            "regime_depth": "regime_"}
+ALL_OR_NONE = ("regime_depth",)  # read_group gives None unless every table asked for is there
+
+
+@dataclass(frozen=True)
+class Table:
+    """results/<host>/stats/<name>.csv.
+
+    numeric, flags and text are the columns a reader converts (to numbers, booleans, strings
+    with '' for a missing value) where present. An `optional` table absent or empty reads as no
+    rows and its unparsable numbers as NaN; any other table must be there and parse.
+    `required` is what the host contract (`decodelab import`, the merge) demands: None for a
+    table a host may lack. `per_host`: False for a table only the merge writes.
+    """
+    name: str
+    group: str
+    rule: str
+    category: str
+    numeric: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    text: tuple[str, ...] = ()
+    optional: bool = False
+    required: tuple[str, ...] | None = None
+    per_host: bool = True
+
+    @property
+    def key(self) -> str:
+        """The name within its group, as read_group keys it."""
+        return self.name.removeprefix(PREFIXES.get(self.group, ""))
+
+
+def speculative(key: str, numeric: tuple[str, ...]) -> Table:
+    return Table(f"speculative_{key}", "speculative", "speculative_stats", "Speculative",
+                 numeric=numeric, optional=True)
+
+
+VERIFICATION_TEXT = ("pair", "check", "sampler")
+
+
+def verification(key: str, numeric: tuple[str, ...], flags: tuple[str, ...] = ()) -> Table:
+    return Table(f"verification_{key}", "verification", "verification_stats", "Verification",
+                 numeric=numeric, flags=flags, text=VERIFICATION_TEXT, optional=True)
+
+
+def regime_depth(key: str, flags: tuple[str, ...] = ("use_cache",)) -> Table:
+    return Table(f"regime_{key}", "regime_depth", "regime_depth", "Decode regimes", flags=flags)
+
+
+CI = ("ci_low", "ci_high")
+SWEEP_KEYS = ("experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache",
+              "budget", "metric")
+# In the order the merge writes them (its --tables argument).
+TABLES = (
+    Table("latency", "latency", "statistics", "Decode regimes",
+          numeric=("prompt_len", "budget", "median", *CI, "n"), flags=("use_cache",),
+          required=(*SWEEP_KEYS, "median", *CI, "n")),
+    Table("kv_speedup", "latency", "statistics", "KV cache",
+          numeric=("prompt_len", "budget", "speedup", *CI, "n"),
+          required=("backend", "model", "family", "dtype", "prompt_len", "budget", "metric",
+                    "speedup", *CI)),
+    Table("regimes", "regimes", "regimes", "Decode regimes",
+          numeric=("prompt_len", "budget", "value_median", "trend_median", "ratio_median",
+                   "ratio_min", "frac_above", "p_value", "n_repeats"),
+          flags=("use_cache", "spike"), required=(*SWEEP_KEYS, "ratio_median", "spike")),
+    Table("environment", "environment", "collect", "Hosts and reference",
+          numeric=("cpu_count", "ram_bytes"),
+          required=("backend", "device_name", "cpu_model", "cpu_count", "ram_bytes", "os",
+                    "python", "torch", "transformers", "git_commit")),
+    Table("skipped", "environment", "skipped", "Hosts and reference",
+          required=("backend", "reason")),
+    Table("models", "environment", "model_table", "Speculative", optional=True),
+    speculative("acceptance", ("k", "acceptance", *CI, "tokens_per_call", "n")),
+    speculative("speedup", ("k", "speedup", *CI, "spec_s", "autoregressive_s", "n")),
+    speculative("theory", ("k", "alpha", "cost_ratio", "predicted", "measured")),
+    speculative("hf", ("k", "ours_s", "hf_s", "ours_over_hf", *CI, "agree_hf_assisted",
+                       "agree_speculative")),
+    speculative("parallelism", ("context", "k", "ratio", *CI, "n")),
+    verification("levels", ("level", "statistic", "dof", "p_value", "n"),
+                 flags=("rejected", "expected_rejected")),
+    verification("power", ("level", "n", "seeds", "alpha", "rejections", "rate")),
+    verification("pvalues", ("level", "p_value", "seed")),
+    verification("tokens", ("rank", "autoregressive", "speculative", "n_autoregressive",
+                            "n_speculative")),
+    verification("greedy", ("prompts", "fraction_equal", "divergences", "min_margin")),
+    regime_depth("summary"),
+    regime_depth("phases"),
+    regime_depth("variance"),
+    regime_depth("variance_summary"),
+    regime_depth("memory", flags=()),
+    regime_depth("changepoints", flags=("use_cache", "changepoint", "spike")),
+    regime_depth("changepoint_curves"),
+    regime_depth("agreement"),
+    regime_depth("kv_collapse", flags=()),
+    regime_depth("onsets", flags=()),
+    Table("reference_comparison", "artifact", "reference_comparison", "Hosts and reference",
+          optional=True),
+    Table("benchmarks", "artifact", "benchmark_summary", "Benchmarks", optional=True),
+    Table("hosts", "hosts", "merge_hosts", "Hosts and reference", optional=True,
+          per_host=False),
+)
+
+
+# -----------------------------------------------------------------------------
+# the registry
+
+def table(name: str) -> Table:
+    for t in TABLES:
+        if t.name == name:
+            return t
+    raise DecodelabError(f"no statistics table {name!r}; known: {', '.join(names())}")
+
+
+def group(name: str) -> list[Table]:
+    """A group's tables in declaration order."""
+    return [t for t in TABLES if t.group == name]
+
+
+def names(group_name: str | None = None) -> list[str]:
+    """Table names in declaration order, of one group or of all."""
+    return [t.name for t in (TABLES if group_name is None else group(group_name))]
+
+
+def local_tables() -> list[str]:
+    """The tables every host writes in results/<host>/stats/ (the merge's inputs)."""
+    return [t.name for t in TABLES if t.per_host]
+
+
+def required() -> dict[str, tuple[str, ...]]:
+    """The host contract: table -> the columns the merge, the figures and the paper read."""
+    return {t.name: t.required for t in TABLES if t.required is not None}
+
+
+def report_category(name: str) -> str:
+    return table(name).category
+
+
+def path(stats_dir: str | Path, name: str) -> Path:
+    return Path(stats_dir) / f"{table(name).name}.csv"
+
+
+def ordered_backends(backends: Iterable[str]) -> list[str]:
+    """Known backends in BACKEND_ORDER, then any other, sorted."""
+    present = set(backends)
+    return [b for b in BACKEND_ORDER if b in present] + sorted(present - set(BACKEND_ORDER))
+
+
+# -----------------------------------------------------------------------------
+# reading and writing
+
+def typed(df, t: Table):
+    """The declared columns of `t` present in `df` as numbers, booleans and strings."""
+    import pandas as pd
+
+    from .io import as_bool
+
+    for col in [c for c in t.numeric if c in df.columns]:
+        df[col] = pd.to_numeric(df[col], errors="coerce" if t.optional else "raise")
+    for col in [c for c in t.flags if c in df.columns]:
+        df[col] = as_bool(df[col])
+    for col in [c for c in t.text if c in df.columns]:
+        df[col] = df[col].astype("string").fillna("").astype(str)
+    return df
+
+
+def read(stats_dir: str | Path, name: str):
+    """One table with its declared columns typed; an optional one absent or empty -> no rows."""
+    import pandas as pd
+
+    t = table(name)
+    try:
+        df = pd.read_csv(path(stats_dir, name))
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        if not t.optional:
+            raise
+        return pd.DataFrame()
+    return typed(df, t)
+
+
+def read_group(stats_dir: str | Path, group_name: str, keys: Iterable[str] | None = None
+               ) -> dict | None:
+    """key -> table for a group's tables (or those of `keys`). For regime_depth, None unless
+    every one of them exists (the rule has not run)."""
+    chosen = group(group_name)
+    if keys is not None:
+        by_key = {t.key: t for t in chosen}
+        chosen = [by_key[k] for k in keys]
+    if group_name in ALL_OR_NONE and not all(path(stats_dir, t.name).exists() for t in chosen):
+        return None
+    return {t.key: read(stats_dir, t.name) for t in chosen}
+
+
+def write_group(out_dir: str | Path, group_name: str, frames: dict) -> list[Path]:
+    """Write key -> table as the group's files; the keys must be exactly the group's."""
+    from .io import write_table
+
+    declared = group(group_name)
+    if set(frames) != {t.key for t in declared}:
+        raise DecodelabError(f"tables of group {group_name!r}: computed {sorted(frames)}, "
+                             f"declared {sorted(t.key for t in declared)} (decodelab.tables)")
+    return [write_table(frames[t.key], path(out_dir, t.name)) for t in declared]

@@ -1,0 +1,261 @@
+"""decodelab.config: the typed settings, the JSON each rule passes, and every check the schema
+cannot express (a valid config passes each; each bad one gets its message)."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from decodelab import config as cfg
+from decodelab.config import Confidence, Pair, Sampling, Settings
+from decodelab.configcheck import with_defaults
+from decodelab.errors import DecodelabError
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
+PROFILES = ["config.yaml", "config/gpu.yaml", "config/paper.yaml", "config/paper-offline.yaml"]
+
+
+def validated(path: str = "config.yaml", **changes) -> dict:
+    config = yaml.safe_load((ROOT / path).read_text()) | changes
+    validate(config, str(SCHEMA))
+    return config
+
+
+def settings(**changes) -> Settings:
+    return Settings.from_config(validated(**changes))
+
+
+def spec_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_job_specs_are_the_config_sections_as_given(profile):
+    """The JSON a rule passes is stamped into raw files: it must stay the config's keys and
+    values exactly (the dicts the rules built before the typed settings)."""
+    config = validated(profile)
+    s = Settings.from_config(config)
+    sweep, spec, verify = config["sweep"], config["speculative"], config["verification"]
+    keys = ("budgets", "prompt_lengths", "dtype", "inner_repeats", "warmup", "sdp_backends")
+    assert spec_json(s.sweep.job_spec()) == spec_json(
+        {**{k: sweep[k] for k in keys if k in sweep}, "seed": config["seed"]})
+    keys = ("ks", "modes", "temperature", "top_k", "top_p", "prompts", "prompt_len", "budget",
+            "hf_assisted")
+    assert spec_json(s.speculative.job_spec()) == spec_json(
+        {**{k: spec[k] for k in keys}, "seed": config["seed"]})
+    assert spec_json(s.speculative.parallelism_spec("bfloat16")) == spec_json(
+        {**spec["parallelism"], "dtype": "bfloat16", "seed": config["seed"]})
+    assert spec_json({n: p.job_spec() for n, p in s.speculative.pairs.items()}) == spec_json(
+        spec["pairs"])
+    assert spec_json(s.verification.job_spec()) == spec_json(
+        {**{k: v for k, v in verify.items() if k != "pairs"}, "seed": config["seed"]})
+    assert spec_json(s.stats.job_spec()) == spec_json(config["stats"])
+    assert spec_json(s.regimes.job_spec()) == spec_json(config["regimes"])
+    assert spec_json(s.regimes.rule_spec()) == spec_json(
+        {k: config["regimes"][k] for k in ("window", "threshold", "consistency", "alpha")})
+    assert spec_json(s.paper_settings("h")) == spec_json({
+        "host": "h", "backends": config["backends"], "shuffle_seed": config["seed"], **sweep,
+        "models": {n: config["models"][n] for n in sweep["models"]},
+        "regimes": config["regimes"], "stats": config["stats"], "speculative": spec,
+        "verification": verify})
+
+
+def test_settings_are_typed_and_frozen():
+    s = settings()
+    assert s.sweep.budgets[0] == 8 and isinstance(s.sweep.budgets, tuple)
+    assert s.stats == Confidence(0.95, 2000, 7)
+    assert s.speculative.sampling == Sampling(1.0, 0, 1.0)
+    assert s.speculative.pairs["cpu-cuda"] == Pair("target", "draft", "cuda", "cpu", "float32")
+    assert s.speculative.pairs["cpu-cuda"].devices == {"cpu", "cuda"}
+    assert s.sweep.ablation == s.sweep.models  # no ablation_models: every swept model
+    with pytest.raises(AttributeError):
+        s.sweep.repeats = 1
+
+
+def test_sampling_modes():
+    sampled = Sampling(0.7, 40, 0.9)
+    assert sampled.in_mode("sampled") == sampled and not sampled.greedy
+    assert sampled.in_mode("greedy") == Sampling() and Sampling().greedy
+
+
+def test_confidence_round_trips_its_spec():
+    spec = {"confidence": 0.9, "bootstrap_resamples": 300, "seed": 3}
+    assert Confidence.from_spec(spec).job_spec() == spec
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_defaults_are_filled_as_snakemake_fills_them(profile):
+    raw = yaml.safe_load((ROOT / profile).read_text())
+    assert with_defaults(copy.deepcopy(raw), yaml.safe_load(SCHEMA.read_text())) == validated(
+        profile)
+
+
+def test_load_settings_outside_snakemake(tmp_path):
+    assert cfg.load_settings(ROOT / "config.yaml", SCHEMA) == settings()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "config.yaml").read_text().replace("budget: 64", "budget: 1"))
+    with pytest.raises(DecodelabError, match=r"bad.yaml: config 'speculative.budget': 1 is not"):
+        cfg.load_settings(bad, SCHEMA)
+
+
+def test_position_needs():
+    needs = settings().position_needs()
+    assert needs["gpt2-tiny"] == (224, "config 'sweep' (budget 192 + prompt length 32)")
+    assert needs["target"] == (
+        145, "config 'speculative.parallelism' (context 128 + K 16 + 1)")
+    assert needs["draft"] == (104, "config 'speculative' (prompt_len 32 + budget 64 + K 8)")
+
+
+# --- the checks: valid passes (negative control), each bad config gets its message -------------
+
+def test_this_host():
+    assert cfg.this_host("given", "ignored") == "given"
+    assert cfg.this_host(None, "node-1.cluster.example") == "node-1"
+    assert cfg.this_host(None, "-a b.x") == "a-b"
+    with pytest.raises(DecodelabError, match="hostname '...' gives no usable host name; set con"):
+        cfg.this_host(None, "...")
+
+
+def test_check_model_names():
+    cfg.check_model_names(settings())
+    with pytest.raises(DecodelabError, match="config 'sweep.models': no model named 'nope' in"):
+        cfg.check_model_names(settings(sweep=validated()["sweep"] | {"models": ["nope"]}))
+    config = validated()
+    config["models"]["draft"]["teacher"] = "ghost"
+    with pytest.raises(DecodelabError, match="config 'models.draft.teacher': no model named 'gh"):
+        cfg.check_model_names(Settings.from_config(config))
+    config = validated()
+    config["speculative"]["pairs"]["cpu-cpu"]["draft"] = "ghost"
+    with pytest.raises(DecodelabError, match="'speculative.pairs.cpu-cpu.draft': no model named"):
+        cfg.check_model_names(Settings.from_config(config))
+    config = validated()
+    config["sweep"]["ablation_models"] = ["target"]
+    with pytest.raises(DecodelabError, match="'sweep.ablation_models': 'target' is not in sweep"):
+        cfg.check_model_names(Settings.from_config(config))
+
+
+def test_check_verification_pairs():
+    cfg.check_verification_pairs(settings())
+    config = validated()
+    config["verification"]["pairs"] = ["cpu-cpu", "gpu-gpu"]
+    with pytest.raises(DecodelabError, match=r"'verification.pairs': no pair named 'gpu-gpu' in "
+                                             r"'speculative.pairs' \(known: cpu-cpu, cuda-cuda"):
+        cfg.check_verification_pairs(Settings.from_config(config))
+
+
+def test_check_names_differ_by_more_than_case():
+    cfg.check_names_differ_by_more_than_case(settings())
+    config = validated()
+    config["models"]["Target"] = config["models"]["target"]
+    with pytest.raises(DecodelabError, match="config 'models': 'target' and 'Target' differ only"):
+        cfg.check_names_differ_by_more_than_case(Settings.from_config(config))
+    config = validated()
+    config["speculative"]["pairs"]["CPU-cpu"] = config["speculative"]["pairs"]["cpu-cpu"]
+    with pytest.raises(DecodelabError, match="config 'speculative.pairs': 'cpu-cpu' and 'CPU-cp"):
+        cfg.check_names_differ_by_more_than_case(Settings.from_config(config))
+
+
+def test_check_hosts(tmp_path):
+    from decodelab import tables
+    from decodelab.hosts import MANIFEST
+
+    other = tmp_path / "other" / "stats"
+    other.mkdir(parents=True)
+    for table in tables.required():
+        (other / f"{table}.csv").write_text("x\n")
+    cfg.check_hosts("here", ["other"], tmp_path)
+    with pytest.raises(DecodelabError, match="host name 'Paper' is reserved"):
+        cfg.check_hosts("Paper", [], tmp_path)
+    with pytest.raises(DecodelabError, match="config 'hosts': 'OTHER' names the same results/ di"):
+        cfg.check_hosts("other", ["OTHER"], tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / MANIFEST).write_text("{}")
+    with pytest.raises(DecodelabError, match="host name 'mine': results/mine/ holds results impo"):
+        cfg.check_hosts("mine", [], tmp_path)
+    with pytest.raises(DecodelabError, match="config 'hosts': 'combined' is a reserved name"):
+        cfg.check_hosts("here", ["combined"], tmp_path)
+    with pytest.raises(DecodelabError, match="config 'hosts' lists 'absent' but results/absent/"):
+        cfg.check_hosts("here", ["absent"], tmp_path)
+
+
+def test_check_cluster_backends():
+    cfg.check_cluster_backends(settings(cluster="slurm", backends=["cpu", "cuda"]))
+    cfg.check_cluster_backends(settings())  # mps without a cluster
+    with pytest.raises(DecodelabError, match="config 'backends' lists 'mps', but the slurm prof"):
+        cfg.check_cluster_backends(settings(cluster="slurm"))
+
+
+def cpu_only(backend):
+    return backend == "cpu"
+
+
+def why(backend):
+    return f"no {backend} here"
+
+
+def test_plan_backends():
+    assert cfg.plan_backends(settings(), cpu_only, why) == (["cpu"], ["cuda", "mps"])
+    assert cfg.plan_backends(settings(assume_available=["mps"]), cpu_only, why) == (
+        ["cpu", "mps"], ["cuda"])
+    assert cfg.plan_backends(settings(cluster="slurm"), cpu_only, why)[1] == []
+    assert cfg.plan_backends(settings(strict=True, backends=["cpu"]), cpu_only, why)[0] == ["cpu"]
+    with pytest.raises(DecodelabError, match=r"config 'backends' lists 'cuda', which is not "
+                                             r"available on this host \(no cuda here\); remove"):
+        cfg.plan_backends(settings(strict=True), cpu_only, why)
+    with pytest.raises(DecodelabError, match="none of the backends in config 'backends' is avail"):
+        cfg.plan_backends(settings(backends=["cuda"]), cpu_only, why)
+
+
+def test_sweep_backends():
+    assert cfg.sweep_backends(settings(), ["cpu", "mps"], "h") == ["cpu", "mps"]
+    gpu = Settings.from_config(validated("config/gpu.yaml"))
+    assert cfg.sweep_backends(gpu, ["cpu", "cuda"], "h") == ["cuda"]
+    with pytest.raises(DecodelabError, match=r"none of config 'sweep.backends' \(cuda\) is "
+                                             r"available on this host \(h\)"):
+        cfg.sweep_backends(gpu, ["cpu"], "h")
+
+
+def test_check_positions(tmp_path):
+    s = settings()
+    cfg.check_positions(s, s.position_needs())
+    config = validated()
+    config["sweep"]["budgets"] = [8, 2000]
+    s = Settings.from_config(config)
+    with pytest.raises(DecodelabError, match="model 'gpt2-tiny'.*config 'sweep' \\(budget 2000"):
+        cfg.check_positions(s, s.position_needs())
+
+
+def test_known_positions(tmp_path):
+    assert cfg.known_positions("t", {"source": "train", "n_positions": 256}) == 256
+    assert cfg.known_positions("h", {"source": "hf", "repo": "a/b", "revision": "0" * 40}) is None
+    assert cfg.known_positions("g", {"source": "init", "preset": "gpt2"}) == 1024
+    with pytest.raises(DecodelabError, match="config 'models.g.preset': unknown preset 'gpt9'; "):
+        cfg.known_positions("g", {"source": "init", "preset": "gpt9"})
+    with pytest.raises(DecodelabError, match="config 'models.m.path': '/nowhere' has no config."):
+        cfg.known_positions("m", {"source": "local", "path": "/nowhere"})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 64}))
+    assert cfg.known_positions("m", {"source": "local", "path": str(tmp_path)}) == 64
+
+
+def test_check_changepoints():
+    cfg.check_changepoints(settings())
+    regimes = validated()["regimes"]
+    cfg.check_changepoints(settings(regimes=regimes | {
+        "changepoints": regimes["changepoints"] | {"model": "constant", "min_size": 2}}))
+    with pytest.raises(DecodelabError, match="'regimes.changepoints.min_size': model 'linear' ne"):
+        cfg.check_changepoints(settings(regimes=regimes | {
+            "changepoints": regimes["changepoints"] | {"min_size": 2}}))
+
+
+def test_check_local_images(tmp_path):
+    image = tmp_path / "cpu.sif"
+    image.write_text("")
+    ok = {"cpu": str(image), "cuda": "docker://x/y"}
+    cfg.check_local_images(settings(containers=ok), ["cpu", "cuda"])
+    cfg.check_local_images(settings(containers=ok | {"cuda": "/absent.sif"}), ["cpu"])
+    with pytest.raises(DecodelabError, match="config 'containers.cuda': image '/absent.sif' does"):
+        cfg.check_local_images(settings(containers=ok | {"cuda": "/absent.sif"}), ["cpu", "cuda"])
