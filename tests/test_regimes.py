@@ -1,8 +1,9 @@
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
-from decodelab.regimes import OUTPUT_COLUMNS, detect_spikes, local_trend
+from decodelab.regimes import OUTPUT_COLUMNS, detect_spikes, local_trend, theil_sen
 
 BUDGETS = np.array([8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512], dtype=float)
 LINEAR = 40.0 + 2.5 * BUDGETS  # prefill + per-token cost, ms
@@ -180,3 +181,16 @@ def test_bad_input_is_refused():
         detect_spikes(df.drop(columns="repeat"), "ms", by=[])
     with pytest.raises(ValueError, match="positive"):
         detect_spikes(df.assign(ms=-df["ms"]), "ms", by=[])
+
+
+def test_theil_sen_is_scipys_joint_fit_to_the_bit():
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n = int(rng.integers(2, 12))
+        x = np.sort(rng.choice(2000, n, replace=False)).astype(float)
+        y = rng.random(n) * rng.choice([1e-4, 1.0, 1e3])
+        expected = stats.theilslopes(y, x, method="joint")
+        assert theil_sen(x, y) == (expected.slope, expected.intercept)
+    x, y = np.array([1.0, 2.0, 3.0]), np.array([1.0, 5.0, 4.0])
+    separate = stats.theilslopes(y, x, method="separate")
+    assert theil_sen(x, y)[1] != separate.intercept  # the joint intercept, not the separate one

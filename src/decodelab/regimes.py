@@ -77,12 +77,21 @@ def proportional_floor(b_i: float, b_nb: np.ndarray, v_nb: np.ndarray) -> float:
     return float(np.min(v_nb * scale))
 
 
+def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """scipy.stats.theilslopes(y, x, method="joint")'s slope and intercept, the same arithmetic,
+    without the slope's confidence interval (which costs nine tenths of scipy's time)."""
+    dx = x[:, np.newaxis] - x
+    dy = y[:, np.newaxis] - y
+    slope = np.median(dy[dx > 0] / dx[dx > 0])
+    return slope, np.median(y - slope * x)
+
+
 def local_trend(
     budgets: np.ndarray, values: np.ndarray, window: int, exclude: np.ndarray | None = None
 ) -> np.ndarray:
     """Robust trend at each budget, estimated from its neighbours only (never from itself).
 
-    For index i: a Theil-Sen line (scipy.stats.theilslopes, joint intercept) through up to
+    For index i: a Theil-Sen line (`theil_sen`, joint intercept) through up to
     `window` neighbours on each side along the sorted budget axis (window + 1 on the open side at
     a curve end), evaluated at budgets[i] and floored by `proportional_floor`; with a single
     neighbour, that neighbour's value; with none, NaN. Points marked in `exclude` serve as no one's
@@ -109,7 +118,7 @@ def local_trend(
         if len(nb) == 1:
             trend_sorted[i] = v[nb[0]]
             continue
-        slope, intercept, *_ = stats.theilslopes(v[nb], b[nb], method="joint")
+        slope, intercept = theil_sen(b[nb], v[nb])
         trend_sorted[i] = max(intercept + slope * b[i], proportional_floor(b[i], b[nb], v[nb]))
 
     trend = np.empty(len(b))
