@@ -9,7 +9,8 @@ SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
 export PATH := $(BIN):$(PATH)
 
 .PHONY: setup tex container-tools container-image cuda-image browser slurm-tools reproduce paper report artifact-times test test-fast bench lint clean
-# Two pytest workers; tests sharing a costly fixture (tests/conftest.py) stay in one.
+# Two pytest workers. loadgroup is meant to keep tests sharing a costly fixture in one
+# (tests/conftest.py), but pytest 9.2 ignores the group pytest-xdist 3.8 sets: it runs as `load`.
 PARALLEL := -n 2 --dist loadgroup
 
 setup: $(STAMP) tex
