@@ -8,10 +8,10 @@ CONTAINER_PACKAGES := podman runc debootstrap
 SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools reproduce paper report artifact-times test test-fast bench lint clean
-# Two pytest workers. loadgroup is meant to keep tests sharing a costly fixture in one
-# (tests/conftest.py), but pytest 9.2 ignores the group pytest-xdist 3.8 sets: it runs as `load`.
-PARALLEL := -n 2 --dist loadgroup
+.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools quantized-tools reproduce paper remeasure report artifact-times test test-fast bench lint clean
+# Two pytest workers, a test file each at a time (its module fixtures built once); the default
+# DAG, which two files read, is built once for both (tests/once.py).
+PARALLEL := -n 2 --dist loadfile
 
 setup: $(STAMP) tex
 
@@ -41,13 +41,24 @@ reproduce: setup
 # Rules that only read what measurements wrote. `make paper` lets Snakemake run nothing else, so
 # files of measuring rules (raw runs, models.csv, benchmarks) are taken as they are, even when
 # results/models/ is absent: it never re-measures and never rebuilds a model.
-PAPER_RULES := collect skipped statistics regimes regime_depth settings figures speculative_stats \
-	speculative_figures verification_stats verification_figures reference_comparison \
+PAPER_RULES := collect skipped statistics stability regimes regime_depth settings figures \
+	speculative_stats speculative_figures verification_stats verification_figures reference_comparison \
 	benchmark_summary merge_hosts paper all
 
 # Rebuild statistics, figures and the PDF from existing raw runs; never re-measures.
 paper: setup
 	$(BIN)/snakemake --allowed-rules $(PAPER_RULES)
+
+# Re-measure only the jobs with an unstable configuration (results/*/stats/stability.csv, read by
+# `decodelab remeasure`), then rebuild everything that reads them, the paper too; when the last
+# build was quiet, nothing.
+STABILITY_TABLES = $(wildcard results/*/stats/stability.csv)
+remeasure: setup
+	@[ -n "$(STABILITY_TABLES)" ] || { echo "make remeasure: no results/*/stats/stability.csv:" \
+		"nothing measured yet (make reproduce)"; exit 1; }
+	@files="$$($(BIN)/decodelab remeasure --stability $(STABILITY_TABLES))" && \
+	if [ -z "$$files" ]; then echo "make remeasure: every configuration was stable; nothing to re-measure"; \
+	else echo "make remeasure: re-measuring" $$files; $(BIN)/snakemake --forcerun $$files; fi
 
 # An HTML report (figures and tables by category, rules, runtimes) of the finished DAG.
 report: paper
@@ -83,6 +94,15 @@ container-image: setup container-tools
 cuda-image: setup container-tools
 	envs/build-local.sh cuda
 
+# The quantized backend (tests/test_quantized.py, config/quantized.yaml): llama-cpp-python,
+# built from source once per machine (about 25 minutes on 2 shared cores) into a wheel kept in
+# ~/.cache/decodelab-wheels and reused after, and llama.cpp's converter from the same sdist.
+LLAMA_CPP_PYTHON := 0.3.36
+quantized-tools: $(STAMP)
+	$(call apt_install_missing,cmake gcc g++,cmake build-essential)
+	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} scripts/quantized_tools.sh \
+		$(BIN)/python $(LLAMA_CPP_PYTHON)
+
 # Debian's Chromium, for the browser test of the report (tests/test_report_browser.py).
 browser:
 	$(call apt_install_missing,chromium,chromium)
@@ -92,7 +112,7 @@ browser:
 slurm-tools:
 	$(call apt_install_missing,slurmctld slurmd slurmdbd munged mariadbd,$(SLURM_PACKAGES))
 
-test: setup container-image browser slurm-tools
+test: setup quantized-tools container-image browser slurm-tools
 	$(BIN)/pytest $(PARALLEL)
 
 # Everything but the end-to-end, container, SLURM and LaTeX tests, in under 3 minutes on 2 cores.

@@ -41,3 +41,14 @@ rule all:
     input:
         "results/paper/paper.pdf",
         expand(f"results/{HOST}/figures/{{fig}}.pdf", fig=PAPER_FIGURES),
+
+
+# The last word of every run: whether the measurements were quiet, or which jobs to re-measure
+# (decodelab.stability); nothing where the stability tables are not there (a partial target).
+onsuccess:
+    from snakemake.logging import logger
+    from decodelab.stability import closing_note
+
+    note = closing_note(Path(f"results/{HOST}/stats"))
+    if note:
+        logger.warning(note)

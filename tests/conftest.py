@@ -10,11 +10,11 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
+from once import build_once
 from test_workflow import copy_workflow, snakemake
 
 from decodelab import sources
 
-TESTS = Path(__file__).parent
 # a call of the LaTeX build: tests/fixtures.py's helper or latexmk itself
 LATEX_BUILD = re.compile(r"\b(build_paper|latexmk)\(")
 
@@ -27,29 +27,12 @@ def compiles_latex(item: pytest.Item) -> bool:
     return any(LATEX_BUILD.search(inspect.getsource(f)) for f in functions if f is not None)
 
 
-def shared_fixture(item: pytest.Item) -> str | None:
-    """What the test shares with others, built once per xdist worker: the first session fixture
-    of tests/ it uses (the default DAG, the SLURM cluster, the tiny pair), else its module when
-    it uses a module fixture of tests/."""
-    info = getattr(item, "_fixtureinfo", None)
-    ours = {name: defs[-1].scope for name, defs in (info.name2fixturedefs if info else {}).items()
-            if Path(inspect.getfile(defs[-1].func)).parent == TESTS}
-    session = sorted(name for name, scope in ours.items() if scope == "session")
-    if session:
-        return session[0]
-    return item.module.__name__ if "module" in ours.values() else None
-
-
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `latex` every test that compiles the paper, so `-m "not latex"` leaves it out, and
-    put the tests that share a costly fixture in one group (`pytest -n 2 --dist loadgroup`)."""
+    """Mark `latex` every test that compiles the paper, so `-m "not latex"` leaves it out."""
     for item in items:
         if compiles_latex(item):
             item.add_marker(pytest.mark.latex)
-        group = shared_fixture(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128,
@@ -59,25 +42,32 @@ TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_pos
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory) -> tuple[str, str]:
-    """A `train` target and a draft distilled from it, tiny: (target_dir, draft_dir)."""
-    root = tmp_path_factory.mktemp("pair")
-    sources.prepare(TINY_TRAIN, root / "target")
-    draft = TINY_TRAIN | {"n_embd": 16, "steps": 5, "seed": 2, "teacher": "target",
-                          "distill": 1.0}
-    sources.prepare(draft, root / "draft", teacher_dir=root / "target")
-    return str(root / "target"), str(root / "draft")
+    """A `train` target and a draft distilled from it, tiny, for all xdist workers:
+    (target_dir, draft_dir)."""
+    def train() -> list[str]:
+        root = tmp_path_factory.mktemp("pair")
+        sources.prepare(TINY_TRAIN, root / "target")
+        draft = TINY_TRAIN | {"n_embd": 16, "steps": 5, "seed": 2, "teacher": "target",
+                              "distill": 1.0}
+        sources.prepare(draft, root / "draft", teacher_dir=root / "target")
+        return [str(root / "target"), str(root / "draft")]
+    return tuple(build_once("tiny-pair", tmp_path_factory, train))
 
 
 @pytest.fixture(scope="session")
 def default_dag(tmp_path_factory) -> Path:
-    """The default DAG run once to the PDF in a copy of the workflow (minutes): every e2e test
-    reads this one run and changes nothing in it."""
-    workdir = copy_workflow(tmp_path_factory.mktemp("default-dag"))
-    snakemake(workdir, timeout=3600)  # ~13 min on a quiet 2-core machine; 30+ seen when slow
-    return workdir
+    """The default DAG run once to the PDF in a copy of the workflow (minutes), for all xdist
+    workers: every e2e test reads this one run and changes nothing in it."""
+    def run() -> str:
+        workdir = copy_workflow(tmp_path_factory.mktemp("default-dag"))
+        snakemake(workdir, timeout=3600)  # ~13 min on a quiet 2-core machine; 30+ seen when slow
+        return str(workdir)
+    return Path(build_once("default-dag", tmp_path_factory, run))
 
 
 @pytest.fixture(scope="session")
-def default_report(default_dag) -> subprocess.CompletedProcess:
+def default_report(default_dag, tmp_path_factory) -> subprocess.CompletedProcess:
     """`make report` on the default run: results/report.html and what Snakemake said."""
-    return snakemake(default_dag, "--report", "results/report.html")
+    def report() -> dict:
+        return vars(snakemake(default_dag, "--report", "results/report.html"))
+    return subprocess.CompletedProcess(**build_once("default-report", tmp_path_factory, report))

@@ -22,7 +22,9 @@ SKIP_REASONS = {"cpu": "not requested on this host (a fixture for hosts without 
                 "cuda": "torch.cuda.is_available() is False (no_gpu & 100% CPU)",
                 "mps": "this torch build has no MPS support (MPS needs macOS on Apple silicon)"}
 SPIKE = ("mps", "gpt2-tiny", 96, 6.0)  # backend, model, budget, factor on decode
-STATS_TABLES = ("latency", "kv_speedup", "regimes", "environment", "skipped")  # write_stats's
+STATS_TABLES = ("latency", "kv_speedup", "regimes", "environment", "skipped", "stability",
+                "stability_summary", "selection")  # write_stats's
+STABLE = {"stable": True, "unstable_reason": ""}  # every row's verdict: a quiet build
 
 
 # -----------------------------------------------------------------------------
@@ -43,7 +45,9 @@ def settings_dict(backends=("cpu", "cuda", "mps")) -> dict:
         "dtype": "float32", "shuffle_seed": 20261130,
         "models": {m: {"source": "init", "preset": m, "seed": 1} for m in MODELS},
         "regimes": {"window": 2, "threshold": 1.5, "consistency": 1.0, "alpha": 0.05},
-        "stats": {"confidence": 0.95, "bootstrap_resamples": 2000, "seed": 7},
+        "stats": {"confidence": 0.95, "bootstrap_resamples": 2000, "seed": 7,
+                  "stability": {"cv_between": 0.1, "cv_within": 0.1, "max_over_median": 1.5,
+                                "background": 0.1, "noisy_share": 0.0}},
         "speculative": {
             "pairs": {name: {"target": "target", "draft": "draft", "target_device": t,
                              "draft_device": d, "dtype": "float32"}
@@ -77,7 +81,7 @@ def latency_rows(backends) -> list[dict]:
                                  "family": family, "dtype": "float32", "prompt_len": 32,
                                  "use_cache": cache, "budget": budget, "metric": metric,
                                  "median": value, "ci_low": 0.93 * value,
-                                 "ci_high": 1.08 * value, "n": 3})
+                                 "ci_high": 1.08 * value, "n": 3, **STABLE})
     return rows
 
 
@@ -90,7 +94,7 @@ def kv_rows(backends) -> list[dict]:
             rows.append({"backend": backend, "model": model, "family": family,
                          "dtype": "float32", "prompt_len": 32, "budget": budget,
                          "metric": metric, "speedup": off / on, "ci_low": 0.9 * off / on,
-                         "ci_high": 1.1 * off / on, "n": 3})
+                         "ci_high": 1.1 * off / on, "n": 3, **STABLE})
     return rows
 
 
@@ -111,7 +115,7 @@ def regime_rows(latency: pd.DataFrame, threshold: float = 1.5) -> list[dict]:
                          "ratio_median": ratio, "ratio_min": 0.95 * ratio,
                          "frac_above": float(ratio >= threshold), "p_value": 0.01 if
                          ratio >= threshold else 0.6, "n_repeats": 3,
-                         "spike": ratio >= threshold})
+                         "spike": ratio >= threshold, **STABLE})
     return rows
 
 
@@ -134,6 +138,52 @@ def write_stats(stats_dir: Path, backends=("cpu", "mps"), spikes: bool = True) -
     pd.DataFrame(kv_rows(backends)).to_csv(stats_dir / "kv_speedup.csv", index=False)
     env.to_csv(stats_dir / "environment.csv", index=False)
     skipped.to_csv(stats_dir / "skipped.csv", index=False)
+    return write_selection(write_stability(stats_dir, backends))
+
+
+def write_stability(stats_dir: Path, backends=("cpu", "mps"), noisy: dict | None = None
+                    ) -> Path:
+    """The stability rule's tables: one sweep job per backend x model x repeat; `noisy` maps
+    a job (its raw file) to its unstable configurations (quiet: none)."""
+    from decodelab.stability import remeasure_command
+
+    noisy = noisy or {}
+    jobs = [f"results/ci_runner-01/{b}/sweep/{m}/rep{r}.parquet" for b in backends
+            for m in MODELS for r in range(3)]
+    rows = [{"job": job, "experiment": "sweep", "backend": job.split("/")[2],
+             "model": job.split("/")[4], "configurations": len(BUDGETS),
+             "unstable": noisy.get(job, 0), "unstable_share": noisy.get(job, 0) / len(BUDGETS),
+             "noisy": job in noisy, "load_max": 2.1 + (job in noisy),
+             "background_max": 0.4 if job in noisy else 0.02, "governor": "performance",
+             "reason": "background CPU" if job in noisy else ""} for job in jobs]
+    pd.DataFrame(rows).to_csv(stats_dir / "stability.csv", index=False)
+    total, unstable = len(backends) * len(MODELS) * len(BUDGETS), sum(noisy.values())
+    pd.DataFrame([{"configurations": total, "stable": total - unstable,
+                   "stable_share": (total - unstable) / total, "noisy": bool(noisy),
+                   "judged_by": "cv between processes <= 10%, cv within a process <= 10%, max "
+                                "over median <= 1.50, background CPU <= 10%",
+                   "remeasure": remeasure_command(sorted(noisy))}]
+                 ).to_csv(stats_dir / "stability_summary.csv", index=False)
+    return stats_dir
+
+
+SELECTED = {  # claim -> label, estimate, interval, naive maximum of medians
+    "speculative_best": ("cpu-mps, sampled, K = 4", 1.38, (1.21, 1.52), 1.52),
+    "kv_best": ("mps, bloom-tiny, float32, prompt 32, budget 192", 5.6, (4.9, 6.3), 6.1),
+    "spike_largest": ("mps, gpt2-tiny, float32, prompt 32, budget 96", 5.2, (4.1, 6.0), 6.0),
+}
+
+
+def write_selection(stats_dir: Path, distinguishable: bool = True) -> Path:
+    """The selection rule's table: each quoted best chosen on the odd of 8 processes and
+    estimated on the even; `distinguishable=False` widens every interval over 1."""
+    rows = [{"claim": claim, "label": label, "selected_on": "processes 1, 3, 5, 7",
+             "estimated_on": "processes 0, 2, 4, 6", "estimate": estimate,
+             "ci_low": low if distinguishable else 0.93, "ci_high": high, "n": 4,
+             "distinguishable": distinguishable, "naive": naive,
+             "reason": "" if distinguishable else "interval includes 1"}
+            for claim, (label, estimate, (low, high), naive) in SELECTED.items()]
+    pd.DataFrame(rows).to_csv(stats_dir / "selection.csv", index=False)
     return stats_dir
 
 
@@ -160,7 +210,8 @@ def spec_rows(pairs) -> dict[str, list[dict]]:
                                        "tokens_per_call": calls, "n": 3})
             rows["speedup"].append({"pair": pair, "mode": mode, "k": k, "speedup": speedup,
                                     "ci_low": 0.93 * speedup, "ci_high": 1.06 * speedup,
-                                    "spec_s": 1.0 / speedup, "autoregressive_s": 1.0, "n": 3})
+                                    "spec_s": 1.0 / speedup, "autoregressive_s": 1.0, "n": 3,
+                                    **STABLE})
             rows["theory"].append({"pair": pair, "mode": mode, "k": k, "alpha": alpha,
                                    "cost_ratio": 0.2, "predicted": leviathan(alpha, k, 0.2),
                                    "measured": speedup})

@@ -20,9 +20,9 @@ LAYERS = {
     "base": {"errors", "names", "io"},
     "plan": {"config", "configcheck", "probe", "shapes"},
     "measure": {"devices", "models", "sources", "train", "decode", "sampling", "speculative",
-                "sweep", "study", "equivalence", "verify"},
+                "sweep", "study", "equivalence", "verify", "machine", "gguf_convert", "llamacpp"},
     "analyze": {"stats", "theory", "regimes", "regime_depth", "changepoints", "phases",
-                "variance", "memory", "onsets", "collapse"},
+                "variance", "memory", "onsets", "collapse", "stability", "selection"},
     "report": {"tables", "figures", "paper", "reference", "hosts", "benchmarks"},
     "cli": {"cli"},
 }

@@ -10,8 +10,8 @@ import yaml
 from snakemake.utils import validate
 
 from decodelab import config as cfg
-from decodelab.config import Confidence, Pair, Sampling, Settings
-from decodelab.configcheck import with_defaults
+from decodelab.config import Confidence, Pair, Sampling, Settings, Stability
+from decodelab.configcheck import schema_problem, with_defaults
 from decodelab.errors import DecodelabError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,9 @@ def test_job_specs_are_the_config_sections_as_given(profile):
         spec["pairs"])
     assert spec_json(s.verification.job_spec()) == spec_json(
         {**{k: v for k, v in verify.items() if k != "pairs"}, "seed": config["seed"]})
-    assert spec_json(s.stats.job_spec()) == spec_json(config["stats"])
+    stats = {k: v for k, v in config["stats"].items() if k != "stability"}
+    assert spec_json(s.stats.job_spec()) == spec_json(stats)
+    assert spec_json(s.stability.job_spec()) == spec_json(config["stats"]["stability"])
     assert spec_json(s.regimes.job_spec()) == spec_json(config["regimes"])
     assert spec_json(s.regimes.rule_spec()) == spec_json(
         {k: config["regimes"][k] for k in ("window", "threshold", "consistency", "alpha")})
@@ -68,6 +70,8 @@ def test_settings_are_typed_and_frozen():
     s = settings()
     assert s.sweep.budgets[0] == 8 and isinstance(s.sweep.budgets, tuple)
     assert s.stats == Confidence(0.95, 2000, 7)
+    assert s.stability == Stability(cv_between=0.10, cv_within=0.10, max_over_median=1.5,
+                                    background=0.10, noisy_share=0.0)
     assert s.speculative.sampling == Sampling(1.0, 0, 1.0)
     assert s.speculative.pairs["cpu-cuda"] == Pair("target", "draft", "cuda", "cpu", "float32")
     assert s.speculative.pairs["cpu-cuda"].devices == {"cpu", "cuda"}
@@ -239,6 +243,19 @@ def test_known_positions(tmp_path):
         cfg.known_positions("m", {"source": "local", "path": "/nowhere"})
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 64}))
     assert cfg.known_positions("m", {"source": "local", "path": str(tmp_path)}) == 64
+
+
+def test_stability_limits_default_to_pyperfs_and_bad_ones_are_refused_by_key():
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    del raw["stats"]["stability"]
+    defaults = with_defaults(copy.deepcopy(raw), yaml.safe_load(SCHEMA.read_text()))
+    assert Stability.from_spec(defaults["stats"]["stability"]) == Stability()
+    for key, bad in (("cv_between", 0), ("max_over_median", 0.9), ("background", 1.5),
+                     ("noisy_share", 1), ("cv", 0.1)):
+        config = yaml.safe_load((ROOT / "config.yaml").read_text())
+        config["stats"]["stability"][key] = bad
+        problem = schema_problem(config, SCHEMA)
+        assert problem and f"'stats.stability.{key}'" in problem, (key, problem)
 
 
 def test_check_changepoints():

@@ -57,12 +57,13 @@ def test_a_probe_is_read_once_per_step(model):
 
 
 def stalled(forward, how: str, seconds: float = 0.02):
-    """`forward` with each call held up `seconds`, asleep or busy on this thread."""
+    """`forward` with each call held up `seconds`, asleep, or busy on this thread for `seconds`
+    of its own CPU time (so that a loaded machine stretches the wall time, not the CPU time)."""
     def slow(*args, **kwargs):
-        end = time.perf_counter() + seconds
         if how == "asleep":
             time.sleep(seconds)
-        while time.perf_counter() < end:
+        end = time.thread_time() + seconds
+        while how == "busy" and time.thread_time() < end:
             pass
         return forward(*args, **kwargs)
     return slow

@@ -19,7 +19,9 @@ from fixtures import (
     settings_dict,
     strip_comments,
     tex_sources,
+    write_selection,
     write_spec_stats,
+    write_stability,
     write_stats,
     write_verification_stats,
 )
@@ -614,7 +616,8 @@ def test_paper_includes_all_figures_with_provenance():
                                       "cpu_only_speculative_one_pair", "nothing_ran",
                                       "two_backends_speculative_verification",
                                       "cpu_only_speculative_verification_chi_passes",
-                                      "cpu_only_speculative_verification_no_pair"])
+                                      "cpu_only_speculative_verification_no_pair",
+                                      "two_backends_speculative_noisy"])
 def test_paper_compiles(scenario, tmp_path):
     backends, spikes = (("cpu", "mps"), True) if scenario.startswith("two") else (("cpu",), False)
     stats_dir = write_stats(tmp_path / "stats", backends=backends, spikes=spikes)
@@ -631,6 +634,8 @@ def test_paper_compiles(scenario, tmp_path):
         chi_passes(write_verification_stats(stats_dir))
     if scenario.endswith("no_pair"):  # levels 1 and 2 only: no pair could run level 3
         write_verification_stats(stats_dir, pairs=())
+    if scenario.endswith("noisy"):
+        write_selection(write_stability(stats_dir, backends, NOISY_JOBS), distinguishable=False)
     pdf, log = build_paper(stats_dir, tmp_path)
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 50_000
     built = (tmp_path / "build" / "generated" / "macros.tex").read_text()
@@ -651,3 +656,83 @@ def test_write_generated_survives_empty_tables(stats, tmp_path):
     assert m["NumBackendsRun"] == "0" and m["BackendsRun"] == "none"
     assert m["KvSpeedupMin"] == "--" and m["MaxTrendRatio"] == "--" and m["NumSpikes"] == "0"
     assert "no KV-cache ablation" in (tmp_path / "gen" / "tab_kv.tex").read_text()
+
+
+# -----------------------------------------------------------------------------
+# noise: the verdict said first, and every quoted best without the winner's curse
+
+NOISY_JOBS = {"results/ci_runner-01/mps/sweep/gpt2-tiny/rep1.parquet": 7,
+              "results/ci_runner-01/cpu/sweep/opt-tiny/rep0.parquet": 2}
+
+
+def test_a_noisy_build_says_so_first_with_its_noisiest_jobs_and_the_remeasure_command(
+        stats, tmp_path):
+    write_stability(stats, ("cpu", "mps"), NOISY_JOBS)
+    verdict = generate(stats, tmp_path / "gen")["NoiseVerdict"]
+    assert verdict.startswith(r"\textbf{This build was noisy:}")
+    assert r"15.0\% of its 60 measured configurations (9)" in verdict
+    assert verdict.index("gpt2-") < verdict.index("opt-")  # the noisiest first
+    assert r"\cmd{make remeasure}" in verdict
+    abstract = (PAPER / "paper.tex").read_text().split(r"\begin{abstract}")[1]
+    assert abstract.split()[0] == r"\NoiseVerdict{}"  # the abstract's first sentence
+    claims = (PAPER / "sections" / "introduction.tex").read_text().split(r"\begin{enumerate}")[1]
+    assert claims.split(r"\item")[1].count(r"\NoiseVerdict") == 1  # and its first claim
+
+
+def test_a_quiet_build_says_it_was_quiet_and_how_that_was_judged(stats, tmp_path):
+    macros = generate(stats, tmp_path / "gen")
+    assert macros["NoiseVerdict"].startswith("This build was quiet: 60 of 60 measured")
+    assert r"background CPU $\le$ 10\%" in macros["NoiseVerdict"]
+    assert "noisy" not in macros["NoiseVerdict"] and "remeasure" not in macros["NoiseVerdict"]
+    assert macros["NoiseJudgedBy"].startswith(r"cv between processes $\le$ 10\%")
+
+
+def test_a_build_from_before_the_verdicts_says_it_carries_none(stats, tmp_path):
+    for name in ("stability", "stability_summary", "selection"):
+        (stats / f"{name}.csv").unlink()
+    macros = generate(stats, tmp_path / "gen")
+    assert "carries no stability verdict" in macros["NoiseVerdict"]
+    assert macros["SelSpecFinding"] == macros["SelKvFinding"] == "not measured in this build"
+    assert macros["NoiseJudgedBy"].startswith(r"cv between processes $\le$")  # the settings'
+
+
+def test_each_quoted_best_comes_from_the_selection_table(spec_stats, tmp_path):
+    macros = generate(spec_stats, tmp_path / "gen")
+    assert macros["SelSpecFinding"].startswith("cpu-mps, sampled, K = 4 (chosen on processes "
+                                               "1, 3, 5, 7, measured on processes 0, 2, 4, 6)")
+    assert macros["SelSpecFinding"].endswith(r"1.38\x{} [1.21, 1.52]")
+    assert macros["SelKvFinding"].endswith(r"5.60\x{} [4.90, 6.30]")
+    assert macros["SelSpikeFinding"].endswith(r"5.20\x{} [4.10, 6.00]")
+
+
+def test_a_best_whose_interval_includes_1_is_no_configuration_distinguishable(spec_stats,
+                                                                              tmp_path):
+    write_selection(spec_stats, distinguishable=False)
+    macros = generate(spec_stats, tmp_path / "gen")
+    for name in ("SelSpecFinding", "SelKvFinding", "SelSpikeFinding"):
+        assert macros[name].startswith(r"no configuration distinguishable from 1\x{}"), name
+        assert "is not a finding" in macros[name]  # the naive maximum, for contrast only
+    text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
+    assert r"\SpecBestSpeedupSampled" not in text.split(r"\end{abstract}")[0]
+
+
+def test_too_few_processes_to_split_are_said_instead_of_a_speedup(spec_stats, tmp_path):
+    table = pd.read_csv(spec_stats / "selection.csv")
+    table[["estimate", "ci_low", "ci_high"]] = float("nan")
+    table["reason"] = ("3 processes per configuration, fewer than the 8 needed to choose on "
+                       "one half and estimate on the other")
+    table.to_csv(spec_stats / "selection.csv", index=False)
+    finding = generate(spec_stats, tmp_path / "gen")["SelSpecFinding"]
+    assert finding.startswith(r"no configuration distinguishable from 1\x{} (3 processes per")
+    assert r"1.52\x, is not a finding" in finding
+
+
+def test_spikes_in_unstable_configurations_are_counted_apart_never_as_claims(stats, tmp_path):
+    regimes = pd.read_csv(stats / "regimes.csv", keep_default_na=False)
+    spiked = regimes["spike"] & regimes["use_cache"]
+    regimes["stable"] = ~spiked
+    regimes["unstable_reason"] = regimes["unstable_reason"].where(~spiked, "background CPU 41%")
+    regimes.to_csv(stats / "regimes.csv", index=False)
+    macros = generate(stats, tmp_path / "gen")
+    assert macros["NumSpikes"] == "1" and macros["NumSpikesUnstable"] == "1"
+    assert macros["NumSpikesMps"] == "0" and macros["ifAnyUnstableSpikes"] == "true"

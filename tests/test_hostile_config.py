@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_workflow import ROOT, SNAKEMAKE, copy_workflow, decodelab, other_host, snakemake
+from test_workflow import ROOT, SNAKEMAKE, copy_workflow, other_host, snakemake
 
+from decodelab import cli
 from decodelab.hosts import MANIFEST
 
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
@@ -351,13 +352,13 @@ def test_a_local_model_too_short_for_the_budget_is_refused_when_the_dag_is_built
         "(budget 1000 + prompt length 32)")
 
 
-def test_prepare_model_refuses_a_model_too_short_and_leaves_nothing(tmp_path):
+def test_prepare_model_refuses_a_model_too_short_and_leaves_nothing(tmp_path, capsys):
     out = tmp_path / "models" / "tiny"
     spec = '{"source": "init", "preset": "gpt2-tiny", "seed": 1}'
-    proc = decodelab("prepare-model", "--spec", spec, "--positions-needed", "1500",
-                     "--out", str(out), check=False)
-    assert proc.returncode == 2
-    assert "model 'tiny' has 1024 positions, fewer than the 1500 tokens" in proc.stderr
+    code = cli.main(["prepare-model", "--spec", spec, "--positions-needed", "1500",
+                     "--out", str(out)])
+    assert code == 2
+    assert "model 'tiny' has 1024 positions, fewer than the 1500 tokens" in capsys.readouterr().err
     assert not out.exists()
 
 

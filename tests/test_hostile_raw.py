@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from decodelab import cli, sources
+from decodelab.config import Stability
 from decodelab.errors import DecodelabError
 
 SWEEP = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 2,
@@ -67,7 +68,8 @@ def collect(tmp_path: Path, *runs: Path) -> int:
 
 def spec_stats(tmp_path: Path, runs: Path, parallelism: Path) -> int:
     return cli.main(["spec-stats", "--spec", json.dumps(STATS), "--out", str(tmp_path / "stats"),
-                     "--runs", str(runs), "--parallelism", str(parallelism)])
+                     "--runs", str(runs), "--parallelism", str(parallelism),
+                     "--stability", json.dumps(Stability().job_spec())])
 
 
 def error(capsys) -> str:

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 
 from decodelab import changepoints as cp
-from decodelab import memory, onsets, phases, variance
-from decodelab.regimes import detect_spikes, repeat_ratios, spike_summary
-from decodelab.stats import per_process
+from decodelab import memory, onsets, phases, stability, variance
+from decodelab.config import Stability
+from decodelab.regimes import detect_spikes, repeat_ratios, spike_summary, spike_table
+from decodelab.stats import SWEEP, per_process
 
 BUDGETS = [8, 16, 24, 32, 48, 64, 96, 128, 160, 192]
 BY = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache"]
@@ -55,9 +56,9 @@ def raw_runs(seed: int = 0, repeats: int = 4, inner: int = 2, noise: float = 0.0
 
 
 def rule(runs: pd.DataFrame) -> pd.DataFrame:
-    pp = per_process(runs)
-    return pd.concat([detect_spikes(pp, m, BY) for m in ("total_s", "prefill_s", "decode_s")],
-                     ignore_index=True)
+    """The regimes rule's table, its verdicts at the default limits."""
+    spec = {"window": 2, "threshold": 1.5, "consistency": 1.0, "alpha": 0.05}
+    return spike_table(per_process(runs), spec, stability.verdicts(runs, SWEEP, Stability()))
 
 
 # -----------------------------------------------------------------------------

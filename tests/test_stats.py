@@ -1,8 +1,8 @@
 import numpy as np
 import pandas as pd
 
-from decodelab import stats
-from decodelab.config import Confidence
+from decodelab import stability, stats
+from decodelab.config import Confidence, Stability
 
 CI = Confidence(0.95, 1000, 0)
 
@@ -23,12 +23,17 @@ def runs(off_scale: float, n_proc: int = 5, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def judged(runs: pd.DataFrame) -> pd.DataFrame:
+    return stability.verdicts(runs, stats.SWEEP, Stability())
+
+
 def test_per_process_reduces_inner_repeats_to_one_row():
     assert len(stats.per_process(runs(2.0))) == 5 * 2
 
 
 def test_latency_ci_brackets_the_median():
-    table = stats.latency_table(runs(2.0), CI)
+    r = runs(2.0)
+    table = stats.latency_table(r, CI, judged(r))
     assert set(table["metric"]) == set(stats.METRICS)
     assert (table["ci_low"] <= table["median"]).all()
     assert (table["median"] <= table["ci_high"]).all()
@@ -36,18 +41,21 @@ def test_latency_ci_brackets_the_median():
 
 
 def test_kv_speedup_recovers_a_planted_ratio():
-    table = stats.kv_speedup_table(runs(3.0), CI)
+    r = runs(3.0)
+    table = stats.kv_speedup_table(r, CI, judged(r))
     total = table[table["metric"] == "total_s"].iloc[0]
     assert 2.7 < total["speedup"] < 3.3
     assert total["ci_low"] <= total["speedup"] <= total["ci_high"]
 
 
 def test_kv_speedup_ci_covers_one_when_the_cache_does_nothing():
-    table = stats.kv_speedup_table(runs(1.0, n_proc=8), CI)
+    r = runs(1.0, n_proc=8)
+    table = stats.kv_speedup_table(r, CI, judged(r))
     total = table[table["metric"] == "total_s"].iloc[0]
     assert total["ci_low"] <= 1.0 <= total["ci_high"]
 
 
 def test_a_single_process_gives_a_zero_width_interval():
-    table = stats.latency_table(runs(2.0, n_proc=1), CI)
+    r = runs(2.0, n_proc=1)
+    table = stats.latency_table(r, CI, judged(r))
     assert (table["ci_low"] == table["ci_high"]).all()

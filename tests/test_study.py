@@ -3,8 +3,8 @@
 import pandas as pd
 import pytest
 
-from decodelab import models, stats, study
-from decodelab.config import Confidence
+from decodelab import models, stability, stats, study
+from decodelab.config import Confidence, Stability
 
 SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
         "top_p": 1.0, "prompts": 2, "prompt_len": 8, "budget": 12, "hf_assisted": True,
@@ -39,7 +39,8 @@ def test_greedy_speculative_and_hf_agree_with_the_target(runs):
 def test_study_tables_are_consistent(runs):
     proc = stats.spec_per_process(runs)
     acceptance = stats.acceptance_table(proc, CI)
-    speedup = stats.speedup_table(proc, CI)
+    speedup = stats.speedup_table(proc, CI,
+                                  stability.verdicts(runs, stats.SPECULATIVE, Stability()))
     theory = stats.theory_table(proc, speedup, acceptance)
     assert set(acceptance["k"]) == {1, 3} and set(acceptance["mode"]) == {"greedy", "sampled"}
     assert acceptance["acceptance"].between(0, 1).all()

@@ -12,17 +12,22 @@ from .errors import DecodelabError
 
 def open_job(args, *backends: str) -> dict | None:
     """The opening of every measuring verb: fail early on a missing backend (on a host of
-    several GPUs, take one of them), set torch's CPU threads (0: torch's default), and return
-    the job's settings (--spec, JSON)."""
+    several GPUs, take one of them), check that the machine is quiet (a verb that times
+    something has --machine), set torch's CPU threads (0: torch's default), and return the
+    job's settings (--spec, JSON)."""
     import torch
 
+    from .config import Machine
     from .devices import backend_problem, claim_gpu
+    from .machine import preflight
 
     for backend in backends:
         if problem := backend_problem(backend):
             raise DecodelabError(f"backend {backend!r} is not available on this host: {problem}")
     if "cuda" in backends:
         claim_gpu()
+    if "machine" in args:
+        preflight(Machine.from_spec(json.loads(args.machine)))
     if args.threads:
         torch.set_num_threads(args.threads)
     return json.loads(args.spec) if args.spec else None
@@ -64,30 +69,40 @@ def skipped(args):
 
 
 def statistics(args):
-    from . import stats
-    from .config import Confidence
+    from . import stability, stats
+    from .config import Confidence, Stability
     from .io import read_table, write_table
 
     runs, ci = read_table(args.runs), Confidence.from_spec(json.loads(args.spec))
-    write_table(stats.latency_table(runs, ci), args.latency)
-    write_table(stats.kv_speedup_table(runs, ci), args.kv)
+    verdict = stability.verdicts(runs, stats.SWEEP,
+                                 Stability.from_spec(json.loads(args.stability)))
+    write_table(stats.latency_table(runs, ci, verdict), args.latency)
+    write_table(stats.kv_speedup_table(runs, ci, verdict), args.kv)
 
 
 def regimes(args):
-    import pandas as pd
-
     from . import regimes as rg
+    from . import stability, stats
+    from .config import Stability
     from .io import read_table, write_table
-    from .stats import per_process
 
-    spec = json.loads(args.spec)
-    runs = per_process(read_table(args.runs))
-    by = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache"]
-    tables = [rg.detect_spikes(runs, value=m, by=by, window=spec["window"],
-                               threshold=spec["threshold"], consistency=spec["consistency"],
-                               alpha=spec["alpha"])
-              for m in ("total_s", "prefill_s", "decode_s")]
-    write_table(pd.concat(tables, ignore_index=True), args.out)
+    runs = read_table(args.runs)
+    verdict = stability.verdicts(runs, stats.SWEEP,
+                                 Stability.from_spec(json.loads(args.stability)))
+    write_table(rg.spike_table(stats.per_process(runs), json.loads(args.spec), verdict),
+                args.out)
+
+
+def selection(args):
+    from . import stats
+    from .config import Confidence
+    from .io import read_table, write_table
+    from .selection import selection_table
+
+    spec_proc = stats.read_raw_runs(args.speculative, "speculative")
+    spec_proc = stats.spec_per_process(spec_proc) if len(spec_proc) else spec_proc
+    write_table(selection_table(read_table(args.runs), spec_proc, json.loads(args.regimes),
+                                Confidence.from_spec(json.loads(args.spec))), args.out)
 
 
 def regime_depth(args):
@@ -129,22 +144,41 @@ def parallelism(args):
 
 
 def speculative_stats(args):
-    import pandas as pd
-
-    from . import stats, tables
-    from .config import Confidence
-    from .io import read_raw
+    from . import stability, stats, tables
+    from .config import Confidence, Stability
 
     ci = Confidence.from_spec(json.loads(args.spec))
-    runs = pd.concat([read_raw(p, "speculative") for p in args.runs], ignore_index=True)
-    par = pd.concat([read_raw(p, "parallelism") for p in args.parallelism], ignore_index=True)
+    runs = stats.read_raw_runs(args.runs, "speculative")
+    par = stats.read_raw_runs(args.parallelism, "parallelism")
     proc = stats.spec_per_process(runs)
     acceptance = stats.acceptance_table(proc, ci)
-    speedup = stats.speedup_table(proc, ci)
+    verdict = stability.verdicts(runs, stats.SPECULATIVE,
+                                 Stability.from_spec(json.loads(args.stability)))
+    speedup = stats.speedup_table(proc, ci, verdict)
     tables.write_group(args.out, "speculative", {
         "acceptance": acceptance, "speedup": speedup,
         "theory": stats.theory_table(proc, speedup, acceptance),
         "hf": stats.hf_table(proc, runs, ci), "parallelism": stats.parallelism_table(par, ci)})
+
+
+def stability_tables(args):
+    from . import stability, stats, tables
+    from .config import Stability
+    from .io import read_table
+
+    studies = [(read_table(args.runs), stats.SWEEP),
+               (stats.read_raw_runs(args.speculative, "speculative"), stats.SPECULATIVE),
+               (stats.read_raw_runs(args.parallelism, "parallelism"), stats.PARALLELISM)]
+    frames = stability.stability_tables(studies, Stability.from_spec(json.loads(args.spec)))
+    tables.write_group(args.out, "stability", frames)
+
+
+def remeasure(args):
+    from .stability import files_to_remeasure
+
+    files = files_to_remeasure(args.stability)
+    if files:
+        print("\n".join(files))
 
 
 def verify(args):
@@ -300,6 +334,9 @@ def artifact_times(args):
         print(benchmarks.markdown(rows, str(host)))
 
 
+MACHINE_HELP = "config 'machine' (the pre-flight check), as JSON; default: warn"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="decodelab", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -321,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, required=True)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--spec", required=True, help="the sweep settings, as JSON")
+    p.add_argument("--machine", default="{}", help=MACHINE_HELP)
     p.add_argument("--out", required=True)
     p.set_defaults(func=sweep)
 
@@ -340,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("stats", help="medians with bootstrap CIs; KV-cache speedups")
     p.add_argument("--runs", required=True)
     p.add_argument("--spec", required=True)
+    p.add_argument("--stability", required=True, help="config stats.stability, as JSON")
     p.add_argument("--latency", required=True)
     p.add_argument("--kv", required=True)
     p.set_defaults(func=statistics)
@@ -347,8 +386,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("regimes", help="flag latency spikes against the local trend")
     p.add_argument("--runs", required=True)
     p.add_argument("--spec", required=True)
+    p.add_argument("--stability", required=True, help="config stats.stability, as JSON")
     p.add_argument("--out", required=True)
     p.set_defaults(func=regimes)
+
+    p = verbs.add_parser("selection", help="each quoted best chosen on odd processes and "
+                         "estimated on even ones (no winner's curse)")
+    p.add_argument("--runs", required=True)
+    p.add_argument("--speculative", nargs="*", default=[], help="the speculative raw runs")
+    p.add_argument("--spec", required=True, help="config stats, as JSON")
+    p.add_argument("--regimes", required=True, help="the regimes settings, as JSON")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=selection)
 
     p = verbs.add_parser("regime-depth", help="spikes by family, prefill vs decode, variance "
                          "between processes, memory correlation, change points")
@@ -369,6 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair", required=True, help="the configuration's name")
     p.add_argument("--pair-spec", required=True, help="devices and dtype, as JSON")
     p.add_argument("--spec", required=True, help="the study settings, as JSON")
+    p.add_argument("--machine", default="{}", help=MACHINE_HELP)
     p.add_argument("--repeat", type=int, required=True)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
@@ -379,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--backend", required=True, choices=["cpu", "cuda", "mps"])
     p.add_argument("--spec", required=True)
+    p.add_argument("--machine", default="{}", help=MACHINE_HELP)
     p.add_argument("--repeat", type=int, required=True)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
@@ -386,10 +437,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("spec-stats", help="acceptance, speedup, theory, HF peer, parallelism")
     p.add_argument("--spec", required=True)
+    p.add_argument("--stability", required=True, help="config stats.stability, as JSON")
     p.add_argument("--out", required=True, help="the stats directory")
     p.add_argument("--runs", nargs="+", required=True)
     p.add_argument("--parallelism", nargs="+", required=True)
     p.set_defaults(func=speculative_stats)
+
+    p = verbs.add_parser("stability", help="stable or not, per configuration and per job")
+    p.add_argument("--spec", required=True, help="config stats.stability, as JSON")
+    p.add_argument("--runs", required=True, help="the collected sweep runs")
+    p.add_argument("--speculative", nargs="*", default=[], help="speculative raw files")
+    p.add_argument("--parallelism", nargs="*", default=[], help="parallelism raw files")
+    p.add_argument("--out", required=True, help="the stats directory")
+    p.set_defaults(func=stability_tables)
+
+    p = verbs.add_parser("remeasure", help="print the noisy jobs' raw files (none: nothing)")
+    p.add_argument("--stability", nargs="+", required=True, help="stats/stability.csv files")
+    p.set_defaults(func=remeasure)
 
     p = verbs.add_parser("verify", help="one level of the equivalence verification, as JSON")
     p.add_argument("--level", required=True, choices=["exact", "monte-carlo", "real"])
@@ -420,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ks", type=int, nargs="+", help="instead of the config's speculative.ks")
     p.add_argument("--prompts", type=int, help="instead of the config's speculative.prompts")
     p.add_argument("--budget", type=int, help="instead of the config's speculative.budget")
+    p.add_argument("--machine", default="{}", help=MACHINE_HELP)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
     p.set_defaults(func=bench, spec=None)

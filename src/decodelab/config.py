@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from . import tables
@@ -41,6 +41,26 @@ class Confidence:
 
     @classmethod
     def from_spec(cls, spec: Mapping) -> Confidence:
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Stability:
+    """Config 'stats.stability': when a configuration's timings are too noisy for a claim
+    (`decodelab.stability`). The spread limits are pyperf's: a standard deviation of 10% of
+    the mean, a maximum 50% above it."""
+
+    cv_between: float = 0.10       # of the per-process medians
+    cv_within: float = 0.10        # of the inner repeats inside one process
+    max_over_median: float = 1.5   # the largest raw value over the median
+    background: float = 0.10       # CPU share taken by other work (or stolen by a hypervisor)
+    noisy_share: float = 0.0       # a job is noisy above this share of unstable configurations
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> Stability:
         return build(cls, spec)
 
     def job_spec(self) -> dict:
@@ -285,6 +305,41 @@ class Regimes:
         return asdict(self)
 
 
+PREFLIGHT = ("off", "warn", "wait", "refuse")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Config 'machine': what a measuring job does when the machine is busy as it starts
+    (`decodelab.machine.preflight`). `max_load`: the 1-minute load average beyond the job
+    itself, per core."""
+
+    preflight: str = "warn"
+    max_load: float = 0.5
+    wait_s: float = 120.0
+
+    def __post_init__(self):
+        if self.preflight not in PREFLIGHT:
+            raise DecodelabError(f"config 'machine.preflight': {self.preflight!r} is not one of "
+                                 f"{', '.join(PREFLIGHT)}")
+        for key in ("max_load", "wait_s"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise DecodelabError(f"config 'machine.{key}': {value!r} is not a number >= 0")
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> Machine:
+        unknown = sorted(set(spec) - {f.name for f in fields(cls)})
+        if unknown:
+            raise DecodelabError(f"config 'machine': unknown key {unknown[0]!r}")
+        if spec.get("preflight") is False:  # YAML 1.1 reads a bare `off` as false
+            spec = {**spec, "preflight": "off"}
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class Settings:
     """The whole validated config."""
@@ -304,10 +359,13 @@ class Settings:
     verification: Verification
     regimes: Regimes
     stats: Confidence
+    stability: Stability
+    machine: Machine
 
     @classmethod
     def from_config(cls, config: Mapping) -> Settings:
         seed = config["seed"]
+        stats = {k: v for k, v in config["stats"].items() if k != "stability"}
         return cls(
             host=config["host"], hosts=frozen(config["hosts"]), backends=frozen(config["backends"]),
             strict=config["strict"], seed=seed, assume_available=frozen(config["assume_available"]),
@@ -317,7 +375,9 @@ class Settings:
             speculative=Speculative.from_config(config["speculative"], seed),
             verification=Verification.from_config(config["verification"], seed),
             regimes=Regimes.from_config(config["regimes"]),
-            stats=Confidence.from_spec(config["stats"]))
+            stats=Confidence.from_spec(stats),
+            stability=Stability.from_spec(config["stats"]["stability"]),
+            machine=Machine.from_spec(config["machine"]))
 
     def paper_settings(self, host: str) -> dict:
         """The settings the paper states. The sweep's keys sit at the top level, where a
@@ -329,7 +389,7 @@ class Settings:
             **self.sweep.section(),
             "models": {name: self.models[name] for name in self.sweep.models},
             "regimes": self.regimes.job_spec(),
-            "stats": self.stats.job_spec(),
+            "stats": {**self.stats.job_spec(), "stability": self.stability.job_spec()},
             "speculative": self.speculative.section(),
             "verification": self.verification.section(),
         }

@@ -43,6 +43,12 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def new_cache(model) -> DynamicCache:
+    """An empty KV cache for `model`: its own where it keeps one (`llamacpp.Engine`)."""
+    own = getattr(model, "new_cache", None)
+    return own() if own is not None else DynamicCache(config=model.config)
+
+
 def forward_logits(model, ids: torch.Tensor, cache: DynamicCache | None) -> torch.Tensor:
     """Logits of the last position only (`logits_to_keep=1`, as `generate` does)."""
     kwargs = {"use_cache": cache is not None, "logits_to_keep": 1}
@@ -67,7 +73,7 @@ def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
     `probe` (a device clock, say) is read after every step, outside the step's time. NaN/inf
     logits in the prefill or the last step stop it, checked after the last timestamp."""
     device = prompt.device
-    cache = DynamicCache(config=model.config) if use_cache else None
+    cache = new_cache(model) if use_cache else None
     start = now(device)
     logits = prefill_logits = forward_logits(model, prompt, cache)
     token = next_token(logits, temperature, top_k, top_p, generator)

@@ -16,6 +16,7 @@ from . import changepoints, collapse, memory, onsets, phases, variance
 from . import regimes as rg
 from .errors import DecodelabError
 from .io import as_bool, read_table
+from .stability import VERDICT, with_verdicts
 from .stats import GRID, METRICS
 
 
@@ -25,11 +26,19 @@ def read_inputs(runs_path: Path, regimes_path: Path) -> tuple[pd.DataFrame, pd.D
     missing = [c for c in [*GRID, "repeat", *METRICS] if c not in runs.columns]
     if missing:
         raise DecodelabError(f"{runs_path}: no column(s) {missing}; rerun the collect rule")
-    if not {"metric", "spike", "ratio_median"} <= set(table.columns):
-        raise DecodelabError(f"{regimes_path}: not a regimes table; rerun the regimes rule")
-    for col in ("use_cache", "spike"):
+    if not {"metric", "spike", "ratio_median", *VERDICT} <= set(table.columns):
+        raise DecodelabError(f"{regimes_path}: not a regimes table of this version (no spike or "
+                             "stability columns); rerun the regimes rule")
+    for col in ("use_cache", "spike", "stable"):
         table[col] = as_bool(table[col])
+    table["unstable_reason"] = table["unstable_reason"].astype("string").fillna("").astype(str)
     return runs, table
+
+
+def with_stability(step_ups: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Each step-up with its configuration's stability verdict, as the regimes table has it."""
+    cache_on = table[(table["metric"] == "total_s") & table["use_cache"]]
+    return with_verdicts(step_ups, cache_on, [c for c in GRID if c != "use_cache"])
 
 
 def depth_tables(runs_path: Path, regimes_path: Path, spec: dict) -> dict[str, pd.DataFrame]:
@@ -60,5 +69,5 @@ def depth_tables(runs_path: Path, regimes_path: Path, spec: dict) -> dict[str, p
         "changepoint_curves": curves,
         "agreement": changepoints.agreement(points),
         "kv_collapse": collapse.kv_collapse(proc, table, window, threshold, alpha),
-        "onsets": step_ups,
+        "onsets": with_stability(step_ups, table),
     }

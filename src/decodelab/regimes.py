@@ -43,6 +43,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from .stability import with_verdicts
+
 MIN_BUDGETS = 3  # with fewer budgets a curve has no "neighbours' trend" worth the name
 
 OUTPUT_COLUMNS = [
@@ -262,6 +264,21 @@ def detect_spikes(
     out["n_repeats"] = out["n_repeats"].astype(int)
     out["spike"] = out["spike"].astype(bool)
     return out
+
+
+SPIKE_BY = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache"]
+SPIKE_METRICS = ("total_s", "prefill_s", "decode_s")
+
+
+def spike_table(proc: pd.DataFrame, spec: dict, verdict: pd.DataFrame) -> pd.DataFrame:
+    """The regimes rule's table: the spike rule (settings `spec`) on each metric of the
+    per-process runs, every finding with its configuration's stability `verdict`
+    (`stability.verdicts`), so that one made in an unstable configuration is never a claim."""
+    found = [detect_spikes(proc, value=m, by=SPIKE_BY, window=spec["window"],
+                           threshold=spec["threshold"], consistency=spec["consistency"],
+                           alpha=spec["alpha"])
+             for m in SPIKE_METRICS]
+    return with_verdicts(pd.concat(found, ignore_index=True), verdict, [*SPIKE_BY, "budget"])
 
 
 def repeat_ratios(

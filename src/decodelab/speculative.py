@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from .config import GREEDY, Sampling
-from .decode import cache_kwarg
+from .decode import cache_kwarg, new_cache
 from .devices import now
 from .errors import DecodelabError
 from .models import require_finite
@@ -129,7 +129,7 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     `accept` is the rejection rule; verification swaps in deliberately wrong ones."""
     check_vocab(target, draft)
     t_dev, d_dev = device_of(target), device_of(draft)
-    t_cache, d_cache = DynamicCache(config=target.config), DynamicCache(config=draft.config)
+    t_cache, d_cache = new_cache(target), new_cache(draft)
     seq = list(prompt)
     out = Result(tokens=[])
     kept = {"target": [], "draft": []}  # first and latest logits, checked after timing

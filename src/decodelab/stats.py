@@ -10,16 +10,29 @@ from scipy import stats as st
 
 from .config import Confidence
 from .io import read_raw
+from .stability import Study, paired, with_verdicts
 from .theory import expected_speedup, expected_tokens_per_call
 
 GRID = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache", "budget"]
+# How each kind of raw file makes configurations for the stability verdicts.
+SWEEP = Study("sweep", tuple(GRID), "total_s")
+SPECULATIVE = Study("speculative", ("pair", "method", "mode", "k"), "total_s", cell=("prompt",),
+                    model="pair")
+PARALLELISM = Study("parallelism", ("backend", "model", "context", "tokens"), "seconds")
 METRICS = ["total_s", "prefill_s", "decode_s", "decode_per_token_s"]
 ENVIRONMENT = ["host", "backend", "device_name", "cpu_model", "cpu_count", "ram_bytes", "os",
                "python", "torch", "transformers", "git_commit"]
 
 
+def read_raw_runs(paths: list[str | Path], rule: str) -> pd.DataFrame:
+    """The raw files of `rule`, each row with its file as `job` (the stability table's key)."""
+    if not paths:
+        return pd.DataFrame()
+    return pd.concat([read_raw(p, rule).assign(job=str(p)) for p in paths], ignore_index=True)
+
+
 def read_runs(paths: list[str | Path], host: str) -> pd.DataFrame:
-    runs = pd.concat([read_raw(p, "sweep") for p in paths], ignore_index=True)
+    runs = read_raw_runs(paths, "sweep")
     runs.insert(0, "host", host)
     return runs
 
@@ -42,7 +55,9 @@ def bootstrap_ci(statistic, samples: tuple[np.ndarray, ...], ci: Confidence
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def latency_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
+def latency_table(runs: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> pd.DataFrame:
+    """Median and interval per configuration and metric, with the configuration's stability
+    `verdict` (`stability.verdicts(runs, SWEEP, ...)`)."""
     rows = []
     for key, group in per_process(runs).groupby(GRID):
         for metric in METRICS:
@@ -51,15 +66,16 @@ def latency_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
             rows.append({**dict(zip(GRID, key, strict=True)), "metric": metric,
                          "median": float(np.median(x)), "ci_low": low, "ci_high": high,
                          "n": len(x)})
-    return pd.DataFrame(rows)
+    return with_verdicts(pd.DataFrame(rows), verdict, GRID)
 
 
 def median_ratio(off: np.ndarray, on: np.ndarray) -> float:
     return float(np.median(off) / np.median(on))
 
 
-def kv_speedup_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
-    """Cache-off over cache-on latency per configuration, both measured in the same processes."""
+def kv_speedup_table(runs: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> pd.DataFrame:
+    """Cache-off over cache-on latency per configuration, both measured in the same processes;
+    stable when both sides are (`verdict` as for latency_table)."""
     ablation = per_process(runs[runs["experiment"] == "ablation"])
     keys = ["backend", "model", "family", "dtype", "prompt_len", "budget"]
     rows = []
@@ -73,7 +89,11 @@ def kv_speedup_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
             rows.append({**dict(zip(keys, key, strict=True)), "metric": metric,
                          "speedup": median_ratio(off, on), "ci_low": low, "ci_high": high,
                          "n": min(len(off), len(on))})
-    return pd.DataFrame(rows, columns=[*keys, "metric", "speedup", "ci_low", "ci_high", "n"])
+    table = pd.DataFrame(rows, columns=[*keys, "metric", "speedup", "ci_low", "ci_high", "n"])
+    on = [*keys, "experiment"]
+    return paired(table.assign(experiment="ablation"), verdict, {
+        "cache off": (on, {"use_cache": False}), "cache on": (on, {"use_cache": True})}
+    ).drop(columns="experiment")
 
 
 def environment_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -118,8 +138,9 @@ def acceptance_table(proc: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def speedup_table(proc: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
-    """Autoregressive over speculative wall time, same pair, mode and processes."""
+def speedup_table(proc: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> pd.DataFrame:
+    """Autoregressive over speculative wall time, same pair, mode and processes; stable when
+    both are (`verdict`: `stability.verdicts(raw runs, SPECULATIVE, ...)`)."""
     rows = []
     for (pair, mode), group in proc.groupby(["pair", "mode"]):
         base = group.loc[group["method"] == "autoregressive", "total_s"].to_numpy(dtype=float)
@@ -129,7 +150,9 @@ def speedup_table(proc: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
             rows.append({"pair": pair, "mode": mode, "k": k, "speedup": median_ratio(base, x),
                          "ci_low": low, "ci_high": high, "spec_s": float(np.median(x)),
                          "autoregressive_s": float(np.median(base)), "n": len(x)})
-    return pd.DataFrame(rows)
+    return paired(pd.DataFrame(rows), verdict, {
+        "speculative": (SPEC_KEYS, {"method": "speculative"}),
+        "autoregressive": (["pair", "mode"], {"method": "autoregressive"})})
 
 
 def alpha_from_tokens_per_call(tokens_per_call: float, k: int) -> float:

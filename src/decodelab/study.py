@@ -11,11 +11,10 @@ from collections import Counter
 import pandas as pd
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
 
-from . import models
+from . import machine, models
 from .config import Sampling
-from .decode import decode
+from .decode import decode, new_cache
 from .devices import fingerprint, now
 from .speculative import check_vocab, feed, generate, rollback
 from .train import heldout_prompts
@@ -98,6 +97,7 @@ def load_pair(target_dir, draft_dir, pair: dict):
 
 def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: dict, repeat: int,
         progress: bool = True) -> pd.DataFrame:
+    job = machine.Job()
     target, draft = load_pair(target_dir, draft_dir, pair)
     prompts = heldout_prompts(target_dir, spec["prompts"], spec["prompt_len"], spec["seed"])
     grid = make_grid(spec, pair["target_device"] == pair["draft_device"])
@@ -109,11 +109,14 @@ def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: dict,
     desc = f"speculative {pair_name} rep{repeat}"
     for order, cfg in enumerate(tqdm(grid, desc=desc, disable=not progress, mininterval=1)):
         seed = spec["seed"] + 1_000 * repeat + order
-        result = METHODS[cfg["method"]](target, draft, prompts[cfg["prompt"]], cfg, spec, seed)
-        rows.append({"order": order, **cfg, **result, "sample_seed": seed})
+        with machine.watched() as load:
+            result = METHODS[cfg["method"]](target, draft, prompts[cfg["prompt"]], cfg, spec,
+                                            seed)
+        rows.append({"order": order, **cfg, **result, "sample_seed": seed, **load})
     meta = {"pair": pair_name, **{f"pair_{k}": v for k, v in pair.items()}, "repeat": repeat,
             "budget": spec["budget"], "prompt_len": spec["prompt_len"],
-            "shuffle_seed": shuffle_seed, **fingerprint(pair["target_device"], spec)}
+            "shuffle_seed": shuffle_seed, **fingerprint(pair["target_device"], spec),
+            **job.columns()}
     return pd.DataFrame([{**meta, **row} for row in rows])
 
 
@@ -125,19 +128,22 @@ def parallelism_rows(ks: list[int], inner: int) -> tuple[int, str]:
 @torch.inference_mode()
 def parallelism(model, ks: list[int], context: int, inner: int, seed: int) -> pd.DataFrame:
     """Target forward time on K+1 tokens over its time on 1 token at the same context length."""
+    job = machine.Job()
     device = model.device
     gen = torch.Generator().manual_seed(seed)
     ctx = torch.randint(0, model.config.vocab_size, (context + max(ks) + 1,), generator=gen)
     ctx = ctx.to(device)
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     models.require_finite(feed(model, cache, ctx[:context]), model, "target", "on the context")
     trials = [n for n in [1, *[k + 1 for k in ks]] for _ in range(inner)]
     random.Random(seed).shuffle(trials)
     rows = []
     for n in [1, 2, *trials]:  # the first two calls warm up
-        start = now(device)
-        logits = feed(model, cache, ctx[context:context + n])
-        rows.append({"tokens": n, "seconds": now(device) - start})
+        with machine.watched() as load:
+            start = now(device)
+            logits = feed(model, cache, ctx[context:context + n])
+            seconds = now(device) - start
+        rows.append({"tokens": n, "seconds": seconds, **load})
         rollback(cache, context)
     models.require_finite(logits, model, "target", "in the last timed pass")
-    return pd.DataFrame(rows[2:]).assign(context=context)
+    return pd.DataFrame(rows[2:]).assign(context=context, **job.columns())

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import models
+from . import machine, models
 from .decode import decode
 from .devices import (
     fingerprint,
@@ -116,9 +116,11 @@ def run(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
     check_positions(models.check_model_dir(model_dir, f"model {model_name!r}"), spec["budgets"],
                     spec["prompt_lengths"], model_name)
     set_sdp_backends(spec.get("sdp_backends"))
-    return pd.concat([run_dtype(model_dir, model_name, backend, {**spec, "dtype": dtype}, repeat,
-                                experiment, index, progress)
-                      for index, dtype in enumerate(dtypes(spec))], ignore_index=True)
+    job = machine.Job()
+    df = pd.concat([run_dtype(model_dir, model_name, backend, {**spec, "dtype": dtype}, repeat,
+                              experiment, index, progress)
+                    for index, dtype in enumerate(dtypes(spec))], ignore_index=True)
+    return df.assign(**job.columns())
 
 
 def run_dtype(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
@@ -136,8 +138,9 @@ def run_dtype(model_dir: str, model_name: str, backend: str, spec: dict, repeat:
     label = f"{experiment} {backend}/{model_name} {spec['dtype']} rep{repeat}"
     probe = sm_clock_probe(backend)
     for order, cfg in enumerate(tqdm(grid, desc=label, disable=not progress, mininterval=1)):
-        rows.append({"order": order,
-                     **measure(model, prompts[cfg["prompt_len"]], cfg, backend, probe)})
+        with machine.watched() as load:
+            row = measure(model, prompts[cfg["prompt_len"]], cfg, backend, probe)
+        rows.append({"order": order, **row, **load})
     meta = {
         "experiment": experiment,
         "model": model_name,

@@ -51,9 +51,10 @@ class Table:
         return self.name.removeprefix(PREFIXES.get(self.group, ""))
 
 
-def speculative(key: str, numeric: tuple[str, ...]) -> Table:
+def speculative(key: str, numeric: tuple[str, ...], flags: tuple[str, ...] = (),
+                text: tuple[str, ...] = ()) -> Table:
     return Table(f"speculative_{key}", "speculative", "speculative_stats", "Speculative",
-                 numeric=numeric, optional=True)
+                 numeric=numeric, flags=flags, text=text, optional=True)
 
 
 VERIFICATION_TEXT = ("pair", "check", "sampler")
@@ -69,21 +70,37 @@ def regime_depth(key: str, flags: tuple[str, ...] = ("use_cache",)) -> Table:
 
 
 CI = ("ci_low", "ci_high")
+# Every row's stability verdict (decodelab.stability). Not required of a host: results from
+# before it (results/reference/, older imports) lack it.
+STABLE, REASON = ("stable",), ("unstable_reason",)
+NOT_JUDGED = "not judged (no stability verdict: results from before it)"
 SWEEP_KEYS = ("experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache",
               "budget", "metric")
 # In the order the merge writes them (its --tables argument).
 TABLES = (
     Table("latency", "latency", "statistics", "Decode regimes",
-          numeric=("prompt_len", "budget", "median", *CI, "n"), flags=("use_cache",),
-          required=(*SWEEP_KEYS, "median", *CI, "n")),
+          numeric=("prompt_len", "budget", "median", *CI, "n"), flags=("use_cache", *STABLE),
+          text=REASON, required=(*SWEEP_KEYS, "median", *CI, "n")),
     Table("kv_speedup", "latency", "statistics", "KV cache",
-          numeric=("prompt_len", "budget", "speedup", *CI, "n"),
+          numeric=("prompt_len", "budget", "speedup", *CI, "n"), flags=STABLE, text=REASON,
           required=("backend", "model", "family", "dtype", "prompt_len", "budget", "metric",
                     "speedup", *CI)),
     Table("regimes", "regimes", "regimes", "Decode regimes",
           numeric=("prompt_len", "budget", "value_median", "trend_median", "ratio_median",
                    "ratio_min", "frac_above", "p_value", "n_repeats"),
-          flags=("use_cache", "spike"), required=(*SWEEP_KEYS, "ratio_median", "spike")),
+          flags=("use_cache", "spike", *STABLE), text=REASON,
+          required=(*SWEEP_KEYS, "ratio_median", "spike")),
+    Table("stability", "stability", "stability", "Hosts and reference",
+          numeric=("configurations", "unstable", "unstable_share", "load_max",
+                   "background_max"),
+          flags=("noisy",), text=("job", "experiment", "backend", "model", "governor", "reason"),
+          optional=True),
+    Table("stability_summary", "stability", "stability", "Hosts and reference",
+          numeric=("configurations", "stable", "stable_share"), flags=("noisy",),
+          text=("judged_by", "remeasure"), optional=True),
+    Table("selection", "selection", "selection", "Hosts and reference",
+          numeric=("estimate", *CI, "n", "naive"), flags=("distinguishable",),
+          text=("claim", "label", "selected_on", "estimated_on", "reason"), optional=True),
     Table("environment", "environment", "collect", "Hosts and reference",
           numeric=("cpu_count", "ram_bytes"),
           required=("backend", "device_name", "cpu_model", "cpu_count", "ram_bytes", "os",
@@ -92,7 +109,8 @@ TABLES = (
           required=("backend", "reason")),
     Table("models", "environment", "model_table", "Speculative", optional=True),
     speculative("acceptance", ("k", "acceptance", *CI, "tokens_per_call", "n")),
-    speculative("speedup", ("k", "speedup", *CI, "spec_s", "autoregressive_s", "n")),
+    speculative("speedup", ("k", "speedup", *CI, "spec_s", "autoregressive_s", "n"),
+                flags=STABLE, text=REASON),
     speculative("theory", ("k", "alpha", "cost_ratio", "predicted", "measured")),
     speculative("hf", ("k", "ours_s", "hf_s", "ours_over_hf", *CI, "agree_hf_assisted",
                        "agree_speculative")),
@@ -113,7 +131,7 @@ TABLES = (
     regime_depth("changepoint_curves"),
     regime_depth("agreement"),
     regime_depth("kv_collapse", flags=()),
-    regime_depth("onsets", flags=()),
+    regime_depth("onsets", flags=STABLE),
     Table("reference_comparison", "artifact", "reference_comparison", "Hosts and reference",
           optional=True),
     Table("benchmarks", "artifact", "benchmark_summary", "Benchmarks", optional=True),
@@ -170,11 +188,18 @@ def ordered_backends(backends: Iterable[str]) -> list[str]:
 # reading and writing
 
 def typed(df, t: Table):
-    """The declared columns of `t` present in `df` as numbers, booleans and strings."""
+    """The declared columns of `t` present in `df` as numbers, booleans and strings. A row
+    without a stability verdict (a table from before them, or merged with one) reads as not
+    stable, its reason NOT_JUDGED: never a claim."""
     import pandas as pd
 
     from .io import as_bool
 
+    if set(STABLE) <= set(t.flags):
+        judged = df["stable"].notna() if "stable" in df else pd.Series(False, index=df.index)
+        reason = df["unstable_reason"] if "unstable_reason" in df else pd.Series("", df.index)
+        df["stable"] = df["stable"].where(judged, False) if "stable" in df else False
+        df["unstable_reason"] = reason.where(judged, NOT_JUDGED)
     for col in [c for c in t.numeric if c in df.columns]:
         df[col] = pd.to_numeric(df[col], errors="coerce" if t.optional else "raise")
     for col in [c for c in t.flags if c in df.columns]:

@@ -49,6 +49,8 @@ def as_arg(obj):
 
 
 checked(check_changepoints, SETTINGS)
+# Every timing job's pre-flight check (decodelab.machine.preflight).
+MACHINE = as_arg(SETTINGS.machine.job_spec())
 SWEEP_BACKENDS = checked(sweep_backends, SETTINGS, BACKENDS, HOST)
 ABLATION_MODELS = list(SWEEP.ablation)
 

@@ -24,10 +24,12 @@ rule speculative:
     params:
         spec=as_arg(SPEC.job_spec()),
         pair=lambda wc: as_arg(PAIRS[wc.pair].job_spec()),
+        machine=MACHINE,
     shell:
         "decodelab speculative --target-dir {input.target} --draft-dir {input.draft}"
         " --pair {wildcards.pair} --pair-spec {params.pair} --spec {params.spec}"
-        " --repeat {wildcards.repeat} --threads {threads} --out {output} 2> {log}"
+        " --repeat {wildcards.repeat} --threads {threads} --machine {params.machine}"
+        " --out {output} 2> {log}"
 
 
 rule parallelism:
@@ -51,10 +53,11 @@ rule parallelism:
         **MEASURING_RESOURCES,
     params:
         spec=lambda wc: as_arg(parallelism_spec(wc.backend, wc.model)),
+        machine=MACHINE,
     shell:
         "decodelab parallelism --model-dir {input} --model {wildcards.model}"
         " --backend {wildcards.backend} --spec {params.spec} --repeat {wildcards.repeat}"
-        " --threads {threads} --out {output} 2> {log}"
+        " --threads {threads} --machine {params.machine} --out {output} 2> {log}"
 
 
 rule speculative_stats:
@@ -71,10 +74,11 @@ rule speculative_stats:
         job_container
     params:
         spec=as_arg(SETTINGS.stats.job_spec()),
+        stability=STABILITY,
         out=lambda wc, output: os.path.dirname(output[0]),
     shell:
-        "decodelab spec-stats --spec {params.spec} --out {params.out}"
-        " --runs {input.runs} --parallelism {input.parallelism} 2> {log}"
+        "decodelab spec-stats --spec {params.spec} --stability {params.stability}"
+        " --out {params.out} --runs {input.runs} --parallelism {input.parallelism} 2> {log}"
 
 
 rule model_table:

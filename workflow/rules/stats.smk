@@ -1,3 +1,7 @@
+# The stability verdicts' limits (config stats.stability): every table with verdicts gets them.
+STABILITY = as_arg(SETTINGS.stability.job_spec())
+
+
 rule collect:
     input:
         raw_runs,
@@ -44,9 +48,32 @@ rule statistics:
         job_container
     params:
         spec=as_arg(SETTINGS.stats.job_spec()),
+        stability=STABILITY,
     shell:
-        "decodelab stats --runs {input} --spec {params.spec} --latency {output.latency}"
-        " --kv {output.kv} 2> {log}"
+        "decodelab stats --runs {input} --spec {params.spec} --stability {params.stability}"
+        " --latency {output.latency} --kv {output.kv} 2> {log}"
+
+
+rule stability:
+    input:
+        runs="results/{host}/runs.parquet",
+        speculative=speculative_runs,
+        parallelism=parallelism_runs,
+    output:
+        expand("results/{{host}}/stats/{table}.csv", table=tables.names("stability")),
+    log:
+        "logs/{host}/stability.log",
+    conda:
+        "../../envs/decodelab.yaml"
+    container:
+        job_container
+    params:
+        spec=STABILITY,
+        out=lambda wc, output: os.path.dirname(output[0]),
+    shell:
+        "decodelab stability --spec {params.spec} --runs {input.runs}"
+        " --speculative {input.speculative} --parallelism {input.parallelism}"
+        " --out {params.out} 2> {log}"
 
 
 rule regimes:
@@ -62,8 +89,30 @@ rule regimes:
         job_container
     params:
         spec=as_arg(SETTINGS.regimes.rule_spec()),
+        stability=STABILITY,
     shell:
-        "decodelab regimes --runs {input} --spec {params.spec} --out {output} 2> {log}"
+        "decodelab regimes --runs {input} --spec {params.spec} --stability {params.stability}"
+        " --out {output} 2> {log}"
+
+
+rule selection:
+    input:
+        runs="results/{host}/runs.parquet",
+        speculative=speculative_runs,
+    output:
+        "results/{host}/stats/selection.csv",
+    log:
+        "logs/{host}/selection.log",
+    conda:
+        "../../envs/decodelab.yaml"
+    container:
+        job_container
+    params:
+        spec=as_arg(SETTINGS.stats.job_spec()),
+        regimes=as_arg(SETTINGS.regimes.rule_spec()),
+    shell:
+        "decodelab selection --runs {input.runs} --speculative {input.speculative}"
+        " --spec {params.spec} --regimes {params.regimes} --out {output} 2> {log}"
 
 
 rule regime_depth:

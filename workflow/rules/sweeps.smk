@@ -24,8 +24,9 @@ rule sweep:
         **MEASURING_RESOURCES,
     params:
         spec=as_arg(SWEEP.job_spec()),
+        machine=MACHINE,
     shell:
         "decodelab sweep --model-dir {input} --model {wildcards.model}"
         " --backend {wildcards.backend} --experiment {wildcards.experiment}"
         " --repeat {wildcards.repeat} --threads {threads} --spec {params.spec}"
-        " --out {output} 2> {log}"
+        " --machine {params.machine} --out {output} 2> {log}"

@@ -13,11 +13,21 @@ from pathlib import Path
 
 from ..errors import DecodelabError
 from ..io import atomic
-from . import artifact, environment, latency, regime_depth, settings, speculative, verification
+from . import (
+    artifact,
+    environment,
+    latency,
+    noise,
+    regime_depth,
+    settings,
+    speculative,
+    verification,
+)
 from .section import Section
 from .tex import macros_tex
 
-SECTIONS = (settings, environment, latency, speculative, verification, regime_depth, artifact)
+SECTIONS = (settings, environment, noise, latency, speculative, verification, regime_depth,
+            artifact)
 
 
 def merged(sections: list[Section]) -> Section:

@@ -79,17 +79,24 @@ def latency_macros(latency: pd.DataFrame) -> dict[str, str]:
 
 
 def regime_macros(regimes: pd.DataFrame, ran: list[str]) -> tuple[dict[str, str], dict[str, bool]]:
+    """Spikes flagged; those in configurations not judged stable (`stable`, decodelab.stability)
+    are counted apart and never in the per-backend counts that the claims quote."""
     on = cache_on(regimes)
     total = on[on["metric"] == "total_s"]
     flagged = total[total["spike"]]
+    claimed = flagged[flagged["stable"]] if len(flagged) else flagged
     off = cache_off(regimes)
+    off_flagged = off[(off["metric"] == "total_s") & off["spike"]] if len(off) else off
     macros = {
         "NumRegimePoints": integer(len(total)),
         "NumSpikes": integer(len(flagged)),
-        "NumSpikesCacheOff": integer(int(off[off["metric"] == "total_s"]["spike"].sum())),
+        "NumSpikesUnstable": integer(len(flagged) - len(claimed)),
+        "NumSpikesCacheOff": integer(int(off_flagged["stable"].sum()) if len(off_flagged) else 0),
+        "NumSpikesCacheOffUnstable": integer(int((~off_flagged["stable"]).sum())
+                                             if len(off_flagged) else 0),
     }
     for backend in tables.BACKEND_ORDER:
-        n = int(flagged["backend"].eq(backend).sum())
+        n = int(claimed["backend"].eq(backend).sum())
         macros[f"NumSpikes{camel(backend)}"] = integer(n) if backend in ran else NONE
     by_backend = [f"{label(b)} {int(flagged['backend'].eq(b).sum())}" for b in ran]
     macros["SpikesByBackend"] = ", ".join(by_backend) or "none (no backend ran)"
@@ -98,7 +105,8 @@ def regime_macros(regimes: pd.DataFrame, ran: list[str]) -> tuple[dict[str, str]
     top = flagged.sort_values("ratio_median").tail(1)
     macros["MaxSpikePrefillRatio"] = sig(phase_ratios(regimes, top, "prefill_s").max())
     macros["MaxSpikeDecodeRatio"] = sig(phase_ratios(regimes, top, "decode_s").max())
-    return macros, {"AnySpikes": len(flagged) > 0}
+    return macros, {"AnySpikes": len(flagged) > 0,
+                    "AnyUnstableSpikes": len(flagged) > len(claimed)}
 
 
 def extreme_macros(prefix: str, rows: pd.DataFrame) -> dict[str, str]:

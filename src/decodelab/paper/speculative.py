@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .. import tables
+from ..selection import best_pair, best_per_pair_mode, headline_mode
 from . import seed
 from .environment import backends_run
 from .read import model_field, read_models, spec_modes, spec_pairs
@@ -60,29 +61,6 @@ def pair_devices(settings: dict, pair: str) -> tuple[str, str]:
     spec = requested_pairs(settings).get(pair, {})
     return (label(spec["draft_device"]) if "draft_device" in spec else NONE,
             label(spec["target_device"]) if "target_device" in spec else NONE)
-
-
-def best_per_pair_mode(speedup: pd.DataFrame) -> pd.DataFrame:
-    """The row with the largest median speedup for every (pair, mode)."""
-    rows = speedup.dropna(subset=["speedup"]) if len(speedup) else speedup
-    if not len(rows):
-        return rows
-    return rows.loc[rows.groupby(["pair", "mode"])["speedup"].idxmax()]
-
-
-def headline_mode(speedup: pd.DataFrame) -> str:
-    modes = spec_modes(speedup)
-    return modes[0] if modes else "sampled"
-
-
-def best_pair(speedup: pd.DataFrame) -> str | None:
-    """The pair with the largest speedup in the headline mode (sampled when it was run)."""
-    best = best_per_pair_mode(speedup)
-    best = best[best["mode"] == headline_mode(speedup)] if len(best) else best
-    if not len(best):
-        return None
-    top = best.sort_values(["speedup", "pair"], ascending=[False, True]).iloc[0]
-    return str(top["pair"])
 
 
 def lookup(df: pd.DataFrame, column: str, **keys):

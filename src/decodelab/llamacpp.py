@@ -1,0 +1,126 @@
+"""A GGUF model in llama.cpp (llama-cpp-python) as the quantized backend.
+
+`Engine` shows the small part of a Hugging Face causal LM that the project's loops use: a
+forward pass on token ids that returns the logits of every position, a KV cache with
+`get_seq_length` and `crop`, `config.vocab_size` and `device`. So the speculative loop
+(`speculative.generate`), the model-alone decoding (`decode.decode`) and the verification
+parallelism measurement (`study.parallelism`) run on it unchanged, with the project's own
+rejection rule, and a llama.cpp model can be the draft, the target or both. `decode.new_cache`
+asks the engine for its cache instead of making a `DynamicCache`.
+
+The engine's context holds one sequence: its cache is the context's KV memory, rolled back by
+removing sequence positions (`llama_memory_seq_rm`), and `new_cache` empties it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import torch
+
+from . import study
+from .errors import DecodelabError
+from .gguf_convert import llama_cpp_version
+
+
+def llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise DecodelabError("llama-cpp-python is not installed; run `make quantized-tools`"
+                             ) from None
+    return llama_cpp
+
+
+class Cache:
+    """The engine's KV memory as the loops see a cache: its length, and `crop(-n)` to drop the
+    last n positions."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def get_seq_length(self) -> int:
+        return self.llm.n_tokens
+
+    def crop(self, length: int) -> None:
+        keep = length if length >= 0 else self.llm.n_tokens + length
+        self.llm._ctx.kv_cache_seq_rm(-1, keep, -1)
+        self.llm.n_tokens = keep
+
+
+class Engine:
+    def __init__(self, path: str | Path, n_ctx: int = 0, threads: int | None = None):
+        path = Path(path)
+        if not path.is_file():
+            raise DecodelabError(f"GGUF file {path} does not exist")
+        try:
+            self.llm = llama_cpp().Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False,
+                                         n_threads=threads or os.cpu_count())
+        except (ValueError, RuntimeError) as err:
+            raise DecodelabError(f"llama.cpp could not load GGUF file {path} ({err})") from None
+        self.name_or_path = str(path)
+        self.dtype = path.stem  # F16, Q8_0, Q4_0: what require_finite names
+        self.config = SimpleNamespace(vocab_size=self.llm.n_vocab())
+        self.device = torch.device("cpu")
+
+    def parameters(self):
+        yield torch.empty(0)  # `speculative.device_of` reads the device of the first one
+
+    def get_output_embeddings(self):
+        return SimpleNamespace(out_features=self.config.vocab_size)
+
+    def new_cache(self) -> Cache:
+        self.llm.reset()
+        self.llm._ctx.kv_cache_clear()
+        return Cache(self.llm)
+
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = True,
+                past_key_values: Cache | None = None, logits_to_keep: int = 0):
+        """Logits ([1, T, V], float32) of every position of `input_ids` ([1, T]) after what
+        `past_key_values` holds; the last `logits_to_keep` only when it is > 0."""
+        if past_key_values is None:
+            past_key_values = self.new_cache()
+        start = self.llm.n_tokens
+        self.llm.eval(input_ids[0].tolist())
+        logits = torch.from_numpy(self.llm.scores[start:self.llm.n_tokens].copy())
+        return SimpleNamespace(logits=logits[-logits_to_keep:][None])
+
+    __call__ = forward
+
+
+def build_info() -> dict[str, str]:
+    """What the fingerprint records of the llama.cpp build."""
+    lib = llama_cpp()
+    return {"llama_cpp_python": llama_cpp_version(),
+            "llama_cpp_system": lib.llama_print_system_info().decode().strip()}
+
+
+def backend_label(qtype: str, device: str = "cpu") -> str:
+    """The `backend` of verify-cost rows, beside the PyTorch backends in the parallelism table."""
+    return f"llama.cpp-{qtype}-{device}"
+
+
+def verify_cost(engine: Engine, ks: list[int], context: int, inner: int, seed: int
+                ) -> pd.DataFrame:
+    """Time on K+1 tokens over time on 1 token at the same context: `study.parallelism`'s
+    measurement and rows, on the engine."""
+    return study.parallelism(engine, ks, context, inner, seed).assign(
+        backend=backend_label(engine.dtype), quantization=engine.dtype, **build_info())
+
+
+def first_divergence(ours: list[int], reference: list[int]) -> int | None:
+    """The first position where two token sequences differ, None where they agree."""
+    return next((i for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b),
+                None)
+
+
+@torch.inference_mode()
+def margin(engine: Engine, prefix: list[int]) -> float:
+    """The gap between the engine's two largest next-token logits after `prefix`, evaluated
+    afresh: how close to a tie greedy decoding was where two sequences part."""
+    logits = engine(torch.tensor([prefix]), past_key_values=engine.new_cache()).logits[0, -1]
+    top = logits.topk(2).values
+    return float(top[0] - top[1])

@@ -1,0 +1,321 @@
+"""Stability verdicts: whether the machine was quiet enough while a configuration was measured
+for its numbers to be claims, and which measuring jobs to redo when it was not.
+
+A configuration (one row of the latency grid; one pair x method x mode x K of the speculative
+study; one model x context x tokens of the parallelism runs) is `stable` unless one of these
+crosses its limit in config `stats.stability` (defaults: pyperf's warnings, a standard deviation
+of 10% of the mean and a maximum 50% above it, and 10% of the machine's CPU):
+
+- cv between processes: standard deviation (n - 1) over mean of its per-process medians;
+- cv within a process: the same over one process's repeats of identical work (the inner repeats
+  of a sweep, the inner passes of the parallelism runs), the largest over its processes;
+- max over median: its largest raw value over the median of its raw values, per unit of
+  identical work (a speculative configuration's prompts differ in length of accepted runs, so
+  each prompt is its own unit);
+- background CPU: the largest share of the machine's CPU that other work used
+  (`background_cpu_share`) plus the share a hypervisor stole (`steal_share`) during one of its
+  rows.
+
+Small samples: a CV needs two values; with one process (or one inner repeat) that check is
+skipped (NaN) and the configuration is judged on the others. From 2-3 values a CV is crude (its
+own relative standard error is about 1 / sqrt(2 (n - 1)), 50-70%), so a verdict is a screen for
+a busy machine, not a test: one process 3x slower than the others gives a CV far above 10% at
+any n, while quiet processes rarely reach it. The load average is recorded, not judged: each
+CPU job's own threads keep it near the core count on a quiet machine.
+
+Raw files without the machine columns (older runs, results/reference/) have no background
+(NaN): they are judged on spread alone and the summary says "background not recorded".
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .config import Stability
+from .errors import DecodelabError
+from .hosts import MANIFEST
+
+VERDICT = ["stable", "unstable_reason"]
+# The checks: the spread column (named as its limit in Stability), its words, its format.
+CHECKS = (("cv_between", "cv between processes", "percent"),
+          ("cv_within", "cv within a process", "percent"),
+          ("max_over_median", "max over median", "ratio"),
+          ("background", "background CPU", "percent"))
+NOT_RECORDED = "background not recorded"
+JOB_COLUMNS = ["job", "experiment", "backend", "model", "configurations", "unstable",
+               "unstable_share", "noisy", "load_max", "background_max", "governor", "reason"]
+SUMMARY_COLUMNS = ["configurations", "stable", "stable_share", "noisy", "judged_by", "remeasure"]
+
+
+@dataclass(frozen=True)
+class Study:
+    """How one kind of raw file makes configurations: `keys` name one, `value` is its time,
+    `cell` tells apart different work inside one (the speculative study's prompts), `model`
+    is the column of the job's model (or pair)."""
+
+    name: str
+    keys: tuple[str, ...]
+    value: str
+    cell: tuple[str, ...] = ()
+    model: str = "model"
+
+
+def cv(values) -> float:
+    x = np.asarray(values, dtype=float)
+    return float(np.std(x, ddof=1) / np.mean(x)) if len(x) >= 2 else math.nan
+
+
+def peak(values) -> float:
+    x = np.asarray(values, dtype=float)
+    return float(np.max(x) / np.median(x))
+
+
+def machine_column(runs: pd.DataFrame, name: str) -> pd.Series:
+    """A machine column as floats; NaN where the raw file predates it."""
+    return runs[name].astype(float) if name in runs else pd.Series(np.nan, index=runs.index)
+
+
+def background(runs: pd.DataFrame) -> pd.Series:
+    """Per row: the CPU share other work used or a hypervisor stole; NaN where not recorded."""
+    steal = machine_column(runs, "steal_share").fillna(0.0)  # NaN: the kernel reports none
+    return machine_column(runs, "background_cpu_share") + steal
+
+
+def load(runs: pd.DataFrame) -> pd.Series:
+    """Per row: the higher of its process's load averages at start and end."""
+    return pd.concat([machine_column(runs, "load_start"), machine_column(runs, "load_end")],
+                     axis=1).max(axis=1)
+
+
+def with_machine(runs: pd.DataFrame, study: Study) -> pd.DataFrame:
+    return runs.assign(_value=runs[study.value].astype(float), _background=background(runs),
+                       _load=load(runs))
+
+
+def spreads(runs: pd.DataFrame, study: Study) -> pd.DataFrame:
+    """Per configuration: processes, the four checked quantities (see the module) and load."""
+    keys, cells = list(study.keys), [*study.keys, *study.cell]
+    data = with_machine(runs, study)
+    medians = data.groupby([*keys, "repeat"])["_value"].median()
+    out = medians.groupby(keys).agg(processes="size", cv_between=cv)
+    out["cv_within"] = data.groupby([*cells, "repeat"])["_value"].agg(cv).groupby(keys).max()
+    out["max_over_median"] = data.groupby(cells)["_value"].agg(peak).groupby(keys).max()
+    grouped = data.groupby(keys)
+    out["background"] = grouped["_background"].max()
+    out["load_max"] = grouped["_load"].max()
+    return out.reset_index()
+
+
+def formatted(value: float, kind: str, digits: int = 0) -> str:
+    return f"{value:.{digits}%}" if kind == "percent" else f"{value:.{digits + 2}f}"
+
+
+def crossed(value: float, limit: float, kind: str) -> str:
+    """"23% > 10%", with a digit more where rounding would print "10% > 10%"."""
+    for digits in range(4):
+        shown, limit_shown = formatted(value, kind, digits), formatted(limit, kind, digits)
+        if shown != limit_shown:
+            break
+    return f"{shown} > {limit_shown}"
+
+
+def reason(row, limits: Stability) -> str:
+    """Each crossed limit with its value: "cv between processes 23% > 10%; ..."; '' if none."""
+    found = []
+    for column, words, kind in CHECKS:
+        value, limit = row[column], getattr(limits, column)
+        if value > limit:  # NaN (not measurable, not recorded) crosses nothing
+            found.append(f"{words} {crossed(value, limit, kind)}")
+    return "; ".join(found)
+
+
+def verdicts(runs: pd.DataFrame, study: Study, limits: Stability) -> pd.DataFrame:
+    """spreads(...) with `stable` and `unstable_reason` per configuration."""
+    out = spreads(runs, study)
+    out["unstable_reason"] = [reason(row, limits) for _, row in out.iterrows()]
+    out["stable"] = out["unstable_reason"] == ""
+    return out
+
+
+def with_verdicts(table: pd.DataFrame, verdict: pd.DataFrame, on: Iterable[str]
+                  ) -> pd.DataFrame:
+    """`table` with the verdict of the configuration each row is about."""
+    on = list(on)
+    if table.empty:
+        return table.assign(stable=pd.Series(dtype=bool), unstable_reason=pd.Series(dtype=str))
+    merged = table.merge(verdict[[*on, *VERDICT]], on=on, how="left", validate="many_to_one")
+    missing = merged["stable"].isna()
+    if missing.any():
+        raise DecodelabError(f"no stability verdict for {missing.sum()} row(s) of a table keyed "
+                             f"by {on} (first: {merged.loc[missing, on].iloc[0].to_dict()})")
+    return merged.astype({"stable": bool})
+
+
+def side(table: pd.DataFrame, verdict: pd.DataFrame, on: list[str], fixed: dict
+         ) -> pd.DataFrame:
+    """The verdict of one side of a ratio, row by row of `table`: the configuration that
+    matches the row on `on` and has the `fixed` values."""
+    chosen = verdict
+    for column, value in fixed.items():
+        chosen = chosen[chosen[column] == value]
+    return with_verdicts(table[on], chosen, on)
+
+
+def paired(table: pd.DataFrame, verdict: pd.DataFrame,
+           sides: dict[str, tuple[list[str], dict]]) -> pd.DataFrame:
+    """Rows that compare configurations (a speedup): stable only if every side is; the reason
+    names the side ("cache off: cv between processes 23% > 10%")."""
+    if table.empty:
+        return with_verdicts(table, verdict, [])
+    found = {name: side(table, verdict, on, fixed) for name, (on, fixed) in sides.items()}
+    stable = np.logical_and.reduce([v["stable"].to_numpy() for v in found.values()])
+    reasons = [
+        "; ".join(f"{name}: {r}" for name, r in zip(found, row, strict=True) if r)
+        for row in zip(*(v["unstable_reason"] for v in found.values()), strict=True)
+    ]
+    return table.assign(stable=stable, unstable_reason=reasons)
+
+
+# --- per job, and the build's summary --------------------------------------------------------
+
+def most_frequent_check(reasons: pd.Series) -> str:
+    """The check that most of these reasons name ('' when none does)."""
+    named = [words for text in reasons for words in (w for _, w, _ in CHECKS) if words in text]
+    return pd.Series(named).mode().iloc[0] if named else ""
+
+
+def governors(rows: pd.DataFrame) -> str:
+    """The CPU governors a job's rows recorded."""
+    found = rows["governor"].dropna().astype(str).unique() if "governor" in rows else []
+    return " ".join(found) or "not recorded"
+
+
+def job_rows(runs: pd.DataFrame, study: Study, verdict: pd.DataFrame, limits: Stability
+             ) -> list[dict]:
+    if "job" not in runs:
+        raise DecodelabError(f"{study.name} runs without a `job` column (the raw file of each "
+                             "row; collected by an older decodelab): snakemake --forcerun collect")
+    keys = list(study.keys)
+    data = with_machine(runs, study)
+    rows = []
+    for job, rows_of_job in data.groupby("job", sort=True):
+        measured = rows_of_job[keys].drop_duplicates().merge(verdict, on=keys)
+        unstable = measured[~measured["stable"]]
+        first = rows_of_job.iloc[0]
+        share = len(unstable) / len(measured) if len(measured) else math.nan
+        rows.append({
+            "job": job, "experiment": first.get("experiment", study.name),
+            "backend": first.get("backend", ""), "model": first[study.model],
+            "configurations": len(measured), "unstable": len(unstable),
+            "unstable_share": share, "noisy": len(unstable) > 0 and share > limits.noisy_share,
+            "load_max": rows_of_job["_load"].max(),
+            "background_max": rows_of_job["_background"].max(),
+            "governor": governors(rows_of_job),
+            "reason": most_frequent_check(unstable["unstable_reason"])})
+    return rows
+
+
+def job_table(judged: Iterable[tuple[pd.DataFrame, Study, pd.DataFrame]], limits: Stability
+              ) -> pd.DataFrame:
+    """One row per measuring job (raw file, column `job` of the runs) from (runs, study,
+    verdicts) triples; a job is `noisy` (to re-measure) when more than `noisy_share` of its
+    configurations, and at least one, are unstable."""
+    rows = [row for runs, study, verdict in judged for row in job_rows(runs, study, verdict,
+                                                                          limits)]
+    return pd.DataFrame(rows, columns=JOB_COLUMNS)
+
+
+def noisy_jobs(jobs: pd.DataFrame) -> list[str]:
+    if jobs.empty:
+        return []
+    return sorted(jobs.loc[jobs["noisy"].astype(str).str.lower() == "true", "job"].astype(str))
+
+
+def judged_by(limits: Stability, recorded: bool) -> str:
+    words = (f"cv between processes <= {formatted(limits.cv_between, 'percent')}, "
+             f"cv within a process <= {formatted(limits.cv_within, 'percent')}, "
+             f"max over median <= {formatted(limits.max_over_median, 'ratio')}, "
+             f"background CPU <= {formatted(limits.background, 'percent')}")
+    return words if recorded else f"{words} ({NOT_RECORDED}: judged on spread alone)"
+
+
+def remeasure_command(files: list[str]) -> str:
+    """The one command that re-measures `files` and rebuilds what depends on them."""
+    return shlex.join(["snakemake", "--forcerun", *files]) if files else ""
+
+
+def summary_table(verdict_tables: list[pd.DataFrame], jobs: pd.DataFrame,
+                  limits: Stability) -> pd.DataFrame:
+    """One row: configurations judged, how many stable, whether any job is noisy, the limits
+    in words and the re-measure command ('' when quiet)."""
+    all_verdicts = [v for v in verdict_tables if len(v)]
+    total = sum(len(v) for v in all_verdicts)
+    stable = sum(int(v["stable"].sum()) for v in all_verdicts)
+    recorded = bool(all_verdicts) and all(v["background"].notna().all() for v in all_verdicts)
+    files = noisy_jobs(jobs)
+    return pd.DataFrame([{
+        "configurations": total, "stable": stable,
+        "stable_share": stable / total if total else math.nan, "noisy": bool(files),
+        "judged_by": judged_by(limits, recorded), "remeasure": remeasure_command(files)}],
+        columns=SUMMARY_COLUMNS)
+
+
+def stability_tables(studies: Iterable[tuple[pd.DataFrame, Study]], limits: Stability
+                     ) -> dict[str, pd.DataFrame]:
+    """The `stability` group's tables (by their key) from each study's raw runs."""
+    judged = [(runs, study, verdicts(runs, study, limits)) for runs, study in studies if len(runs)]
+    jobs = job_table(judged, limits)
+    return {"stability": jobs,
+            "stability_summary": summary_table([v for *_, v in judged], jobs, limits)}
+
+
+# --- what the user reads: `decodelab remeasure` and the end of the Snakemake log -----------------
+
+def imported(job: str) -> bool:
+    """A raw file of a host imported here (results/<host>/IMPORTED.json): not re-measurable."""
+    parts = Path(job).parts
+    return len(parts) > 1 and (Path(*parts[:2]) / MANIFEST).is_file()
+
+
+def files_to_remeasure(tables: Iterable[str | Path]) -> list[str]:
+    """The noisy jobs of these stability tables that this host can re-measure, once each."""
+    files: set[str] = set()
+    for path in tables:
+        try:
+            jobs = pd.read_csv(path)
+        except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
+            raise DecodelabError(f"{path}: not a readable stability table ({err}); rerun the "
+                                 "stability rule") from err
+        missing = [c for c in ("job", "noisy") if c not in jobs]
+        if missing:
+            raise DecodelabError(f"{path}: no column(s) {missing}; not a stability table "
+                                 "(rerun the stability rule)")
+        files |= {job for job in noisy_jobs(jobs) if not imported(job)}
+    return sorted(files)
+
+
+def closing_note(stats_dir: str | Path, noisiest: int = 3) -> str | None:
+    """The last line of a Snakemake run: whether the measurements were quiet; None without the
+    stability tables (a dry run, a target short of them)."""
+    stats_dir = Path(stats_dir)
+    try:
+        summary = pd.read_csv(stats_dir / "stability_summary.csv").iloc[0]
+        jobs = pd.read_csv(stats_dir / "stability.csv")
+    except (OSError, IndexError, KeyError, ValueError):  # absent, empty or not ours
+        return None
+    total, stable = int(summary["configurations"]), int(summary["stable"])
+    if stable == total:
+        return (f"Measurements were quiet: {stable} of {total} configurations stable "
+                f"(judged by {summary['judged_by']})")
+    worst = jobs.sort_values(["unstable_share", "job"], ascending=[False, True]).head(noisiest)
+    names = ", ".join(f"{j.job} ({j.unstable} of {j.configurations})"
+                      for j in worst.itertuples() if j.unstable > 0)
+    return (f"WARNING: {total - stable} of {total} configurations were unstable (noisiest jobs: "
+            f"{names}); re-measure them with: make remeasure")

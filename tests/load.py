@@ -1,0 +1,28 @@
+"""A planted CPU load for tests: busy-looping processes for the duration of a `with` block."""
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+# Each process also stops by itself after `seconds`, should the test process die uncleanly.
+SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@contextmanager
+def planted_load(processes: int | None = None, seconds: float = 120.0):
+    """`processes` busy loops (default: two per core, so that they still take most of the CPU
+    from a test process on a machine others already use), killed on leaving the block, even
+    when it raises."""
+    count = processes or 2 * (os.cpu_count() or 1)
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=seconds)])
+             for _ in range(count)]
+    try:
+        time.sleep(0.3)  # the interpreters start
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
