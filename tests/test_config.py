@@ -70,8 +70,8 @@ def test_settings_are_typed_and_frozen():
     s = settings()
     assert s.sweep.budgets[0] == 8 and isinstance(s.sweep.budgets, tuple)
     assert s.stats == Confidence(0.95, 2000, 7)
-    assert s.stability == Stability(cv_between=0.10, cv_within=0.10, max_over_median=1.5,
-                                    background=0.10, noisy_share=0.0)
+    assert s.stability == Stability(cv_between=0.25, cv_within=0.35, max_over_median=2.0,
+                                    background=0.15, noisy_share=0.2)
     assert s.speculative.sampling == Sampling(1.0, 0, 1.0)
     assert s.speculative.pairs["cpu-cuda"] == Pair("target", "draft", "cuda", "cpu", "float32")
     assert s.speculative.pairs["cpu-cuda"].devices == {"cpu", "cuda"}

@@ -286,7 +286,26 @@ def cuda_image() -> str:
     exists = subprocess.run(["podman", "image", "exists", CUDA_IMAGE], env=podman_env())
     if exists.returncode != 0:
         pytest.skip(f"{CUDA_IMAGE} is not built (`make cuda-image` builds it)")
+    stale = why_stale(CUDA_IMAGE)
+    if stale:
+        pytest.skip(f"{CUDA_IMAGE} {stale}: `make cuda-image` rebuilds it")
     return CUDA_IMAGE
+
+
+def why_stale(image: str) -> str:
+    """'' when the image was built from the source here (its DECODELAB_GIT_COMMIT, stamped by
+    envs/build-local.sh), else why not: an image of other code would fail the schema test for
+    a reason that is not the code under test."""
+    env = subprocess.run(["podman", "image", "inspect", image, "--format",
+                          "{{range .Config.Env}}{{println .}}{{end}}"], capture_output=True,
+                         text=True, env=podman_env()).stdout
+    commit = next((line.split("=", 1)[1] for line in env.splitlines()
+                   if line.startswith("DECODELAB_GIT_COMMIT=")), "unknown")
+    if commit == "unknown" or commit.endswith("-dirty"):
+        return f"was built from an unknown or uncommitted source ({commit})"
+    same = subprocess.run(["git", "diff", "--quiet", commit, "--", "src", "pyproject.toml",
+                           "requirements.lock"], cwd=ROOT, capture_output=True)
+    return "" if same.returncode == 0 else f"was built from commit {commit[:12]}, not this source"
 
 
 def sweep_commands(models: str, out: str) -> list[list[str]]:

@@ -18,7 +18,8 @@ from decodelab.regimes import spike_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODELAB = Path(sys.executable).parent / "decodelab"  # the CLI of the running environment
-LIMITS = Stability()
+LIMITS = Stability(cv_between=0.10, cv_within=0.10, max_over_median=1.5, background=0.10,
+                   noisy_share=0.0)  # pyperf's limits: the tests are about the mechanism
 CI = Confidence(0.95, 200, 0)
 BUDGETS = (8, 16, 32)
 

@@ -141,9 +141,9 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, d
     changed = snakemake(workdir, "-n", "--configfile", str(write_config(workdir, stats=stats)))
     rerun = set(planned_jobs(changed.stdout))
     assert {"statistics", "speculative_stats", "paper"} <= rerun
-    assert rerun <= {"statistics", "speculative_stats", "figures", "speculative_figures",
-                     "verification_figures", "reference_comparison", "merge_hosts", "settings",
-                     "paper", "all"}
+    assert rerun <= {"statistics", "speculative_stats", "selection", "figures",
+                     "speculative_figures", "verification_figures", "reference_comparison",
+                     "merge_hosts", "settings", "paper", "all"}
 
     added = set(re.findall(r"Adding (\S+) \(", default_report.stderr + default_report.stdout))
     assert {f"{fig}.png" for fig in included} | {"paper.pdf", "benchmarks.csv"} <= added
