@@ -41,6 +41,14 @@ TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_pos
 
 
 @pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A tiny `init` GPT-2 that tests read and never change."""
+    out = tmp_path_factory.mktemp("m") / "gpt2-tiny"
+    sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory) -> tuple[str, str]:
     """A `train` target and a draft distilled from it, tiny, for all xdist workers:
     (target_dir, draft_dir)."""

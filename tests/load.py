@@ -12,10 +12,10 @@ SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() 
 
 @contextmanager
 def planted_load(processes: int | None = None, seconds: float = 120.0):
-    """`processes` busy loops (default: two per core, so that they still take most of the CPU
+    """`processes` busy loops (default: four per core, so that they still take most of the CPU
     from a test process on a machine others already use), killed on leaving the block, even
     when it raises."""
-    count = processes or 2 * (os.cpu_count() or 1)
+    count = processes or 4 * (os.cpu_count() or 1)
     procs = [subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=seconds)])
              for _ in range(count)]
     try:

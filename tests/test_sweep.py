@@ -1,18 +1,11 @@
 import pytest
 from transformers import AutoConfig
 
-from decodelab import sources, sweep
+from decodelab import sweep
 from decodelab.errors import DecodelabError
 
 SPEC = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 2,
         "warmup": 1, "seed": 11}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("m") / "gpt2-tiny"
-    sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
-    return out
 
 
 def test_grid_covers_every_configuration_once_per_inner_repeat():
