@@ -8,7 +8,7 @@ CONTAINER_PACKAGES := podman runc debootstrap
 SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools quantized-tools reproduce paper remeasure report artifact-times test test-fast bench lint clean
+.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools quantized-tools reproduce paper remeasure report artifact-times paper-offline-smoke test test-fast bench lint clean
 # Two pytest workers, a test file each at a time (its module fixtures built once); the default
 # DAG, which two files read, is built once for both (tests/once.py).
 PARALLEL := -n 2 --dist loadfile
@@ -43,7 +43,7 @@ reproduce: setup
 # results/models/ is absent: it never re-measures and never rebuilds a model.
 PAPER_RULES := collect skipped statistics stability regimes regime_depth settings figures \
 	speculative_stats speculative_figures verification_stats verification_figures reference_comparison \
-	benchmark_summary merge_hosts paper all
+	benchmark_summary merge_hosts paper all quantized_stats quantized_figures
 
 # Rebuild statistics, figures and the PDF from existing raw runs; never re-measures.
 paper: setup
@@ -126,6 +126,11 @@ bench: setup
 	$(BIN)/snakemake results/models/target results/models/draft
 	$(BIN)/decodelab bench --target-dir results/models/target --draft-dir results/models/draft \
 		--out results/bench/speculative.csv
+
+# The paper profile's DAG offline (config/paper-offline.yaml) end to end to the PDF with shrunk
+# amounts, in a copy under /tmp; not part of `make test` (ARTIFACT.md: The paper profile, offline).
+paper-offline-smoke: setup
+	scripts/paper_offline_smoke.sh $(SMOKE_DIR)
 
 lint: setup
 	$(BIN)/ruff check .

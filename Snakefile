@@ -27,6 +27,7 @@ validate(config, SCHEMA)
 include: "workflow/rules/names.smk"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
+include: "workflow/rules/quantized.smk"
 include: "workflow/rules/sweeps.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/speculative.smk"

@@ -205,8 +205,9 @@ def spec_rows(pairs) -> dict[str, list[dict]]:
             alpha = (0.82 if mode == "greedy" else 0.72) - 0.05 * (k - 1)
             calls = (1 - alpha ** (k + 1)) / (1 - alpha)
             speedup = peak * (1 - 0.04 * abs(k - at)) * (1.05 if mode == "greedy" else 1)
-            rows["acceptance"].append({"pair": pair, "mode": mode, "k": k, "acceptance": alpha,
+            rows["acceptance"].append({"pair": pair, "mode": mode, "k": k, "alpha": alpha,
                                        "ci_low": alpha - 0.03, "ci_high": alpha + 0.02,
+                                       "proposal_acceptance": (calls - 1) / k,
                                        "tokens_per_call": calls, "n": 3})
             rows["speedup"].append({"pair": pair, "mode": mode, "k": k, "speedup": speedup,
                                     "ci_low": 0.93 * speedup, "ci_high": 1.06 * speedup,

@@ -20,9 +20,11 @@ LAYERS = {
     "base": {"errors", "names", "io"},
     "plan": {"config", "configcheck", "probe", "shapes"},
     "measure": {"devices", "models", "sources", "train", "decode", "sampling", "speculative",
-                "sweep", "study", "equivalence", "verify", "machine", "gguf_convert", "llamacpp"},
+                "sweep", "study", "equivalence", "verify", "machine", "gguf_convert", "llamacpp",
+                "graphs", "quantized", "sparse_kv", "longctx"},
     "analyze": {"stats", "theory", "regimes", "regime_depth", "changepoints", "phases",
-                "variance", "memory", "onsets", "collapse", "stability", "selection"},
+                "variance", "memory", "onsets", "collapse", "stability", "selection",
+                "quantized_stats"},
     "report": {"tables", "figures", "paper", "reference", "hosts", "benchmarks"},
     "cli": {"cli"},
 }

@@ -158,6 +158,15 @@ def test_comparison_matches_same_configurations_with_ratios(tmp_path):
     assert ref.is_dir()
 
 
+@pytest.mark.parametrize("pair, devices", [
+    ("cpu-cuda", "host cpu / an H200"), ("gpt2-xl.cpu-cuda", "host cpu / an H200"),
+    ("opt-1.3b.cuda-cuda", "an H200"), ("bloom-1b7.cpu-cpu", "host cpu")])
+def test_row_device_reads_both_devices_of_a_pair_named_after_a_model(pair, devices):
+    by_backend = {"cpu": "host cpu", "cuda": "an H200", "gpt2": "wrong", "xl.cpu": "wrong"}
+    row = pd.Series({"backend": "", "pair": pair})
+    assert reference.row_device(row, by_backend) == devices
+
+
 def test_comparison_refuses_unlike_configurations(tmp_path):
     local = host_dir(tmp_path / "local")
     host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",), pairs=("cuda-cuda",))

@@ -16,7 +16,8 @@ from decodelab.errors import DecodelabError
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
-PROFILES = ["config.yaml", "config/gpu.yaml", "config/paper.yaml", "config/paper-offline.yaml"]
+PROFILES = ["config.yaml", "config/gpu.yaml", "config/paper.yaml", "config/paper-offline.yaml",
+            "config/quantized.yaml"]
 
 
 def validated(path: str = "config.yaml", **changes) -> dict:
@@ -40,7 +41,8 @@ def test_job_specs_are_the_config_sections_as_given(profile):
     config = validated(profile)
     s = Settings.from_config(config)
     sweep, spec, verify = config["sweep"], config["speculative"], config["verification"]
-    keys = ("budgets", "prompt_lengths", "dtype", "inner_repeats", "warmup", "sdp_backends")
+    keys = ("budgets", "prompt_lengths", "dtype", "inner_repeats", "warmup", "sdp_backends",
+            "engine")
     assert spec_json(s.sweep.job_spec()) == spec_json(
         {**{k: sweep[k] for k in keys if k in sweep}, "seed": config["seed"]})
     keys = ("ks", "modes", "temperature", "top_k", "top_p", "prompts", "prompt_len", "budget",
@@ -149,6 +151,28 @@ def test_check_verification_pairs():
     with pytest.raises(DecodelabError, match=r"'verification.pairs': no pair named 'gpu-gpu' in "
                                              r"'speculative.pairs' \(known: cpu-cpu, cuda-cuda"):
         cfg.check_verification_pairs(Settings.from_config(config))
+
+
+def test_check_engines():
+    cfg.check_engines(settings())  # eager everywhere by default
+    config = validated("config/gpu.yaml")
+    config["speculative"]["pairs"]["cuda-cuda"]["engine"] = "graph"
+    config["sweep"]["engine"] = "graph"
+    graph = Settings.from_config(config)
+    cfg.check_engines(graph)
+    assert graph.speculative.pairs["cuda-cuda"].job_spec()["engine"] == "graph"
+    assert graph.sweep.job_spec()["engine"] == "graph"
+    assert "engine" not in settings().speculative.pairs["cpu-cpu"].job_spec()  # old hashes kept
+    assert "engine" not in settings().sweep.job_spec()
+    config["speculative"]["pairs"]["cpu-cuda"]["engine"] = "graph"
+    with pytest.raises(DecodelabError, match=r"'speculative.pairs.cpu-cuda.engine': engine "
+                                             r"'graph' needs CUDA devices only \(here: cpu, cuda"):
+        cfg.check_engines(Settings.from_config(config))
+    config = validated(sweep={**validated()["sweep"], "engine": "graph"})
+    with pytest.raises(DecodelabError, match="'sweep.engine': engine 'graph' needs CUDA"):
+        cfg.check_engines(Settings.from_config(config))
+    with pytest.raises(Exception, match="'jit' is not one of"):
+        validated(sweep={**validated()["sweep"], "engine": "jit"})
 
 
 def test_check_names_differ_by_more_than_case():

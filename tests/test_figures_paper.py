@@ -221,7 +221,8 @@ def test_each_section_defines_the_same_names_whether_its_stage_ran_or_not(stats,
     ready = {name: flag for s in SECTIONS for name, flag in s.parts(ran, {}).flags.items()
              if name.endswith("Ready")}
     assert ready == {"SpeculativeReady": True, "VerificationReady": True,
-                     "RegimeDepthReady": False, "BenchmarksReady": False}
+                     "RegimeDepthReady": False, "BenchmarksReady": False,
+                     "QuantizedReady": False}
 
 
 def test_write_generated_all_files(stats, tmp_path):
@@ -231,7 +232,7 @@ def test_write_generated_all_files(stats, tmp_path):
                      "tab_skipped.tex", "tab_settings.tex", "tab_spec_pairs.tex",
                      "tab_spec_hf.tex", "tab_models.tex", "tab_verification.tex",
                      "tab_power.tex", "tab_hosts.tex", "tab_reference.tex",
-                     "tab_benchmarks.tex", "tab_regime_depth.tex"}
+                     "tab_benchmarks.tex", "tab_regime_depth.tex", "tab_quantized.tex"}
     for p in written:
         text = p.read_text()
         assert "nan" not in text.lower().replace("nonstopmode", ""), p.name
@@ -287,8 +288,11 @@ def test_speculative_macros(spec_stats, tmp_path):
     assert m["SpecBestKSampled"] == "4" and m["SpecBestSpeedupSampled"] == "1.45"
     assert m["SpecBestCISampled"] == "[1.35, 1.54]"
     assert m["SpecBestSpeedupGreedy"] == "1.52" and m["SpecBestKGreedy"] == "4"
-    assert m["SpecFirstKSampled"] == "1" and m["SpecAccFirstKSampled"] == r"72.0\%"
-    assert m["SpecAccBestKSampled"] == r"57.0\%" and m["SpecAccBestKGreedy"] == r"67.0\%"
+    assert m["SpecFirstKSampled"] == "1" and m["SpecAlphaFirstKSampled"] == r"72.0\%"
+    assert m["SpecAlphaBestKSampled"] == r"57.0\%" and m["SpecAlphaBestKGreedy"] == r"67.0\%"
+    # per proposal, (tokens per call - 1) / K: equal to alpha at K = 1, below it beyond
+    assert m["SpecPropAccFirstKSampled"] == r"72.0\%"
+    assert m["SpecPropAccBestKSampled"] == r"29.6\%"
     assert m["SpecNumSlowerSampled"] == "2"
     assert m["SpecSlowerPairsSampled"] == r"\texttt{cpu-cpu} and \texttt{mps-mps}"
     summary = m["SpecParallelSummary"]
@@ -596,7 +600,7 @@ def test_every_generated_input_is_produced(stats, tmp_path):
 def test_paper_includes_all_figures_with_provenance():
     text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
     made_by = {"latency": "figures", "kv_speedup": "figures", "regime_depth": "figures",
-               "changepoints": "figures",
+               "changepoints": "figures", "quantized": r"quantized\_figures",
                **{f: r"speculative\_figures" for f in SPEC_FIGURES},
                **{f: r"verification\_figures" for f in VERIFICATION_FIGURES}}
     captions = dict(re.findall(r"\\includegraphics(?:\[[^\]]*\])?\{figures/([a-z_]+)\.pdf\}"

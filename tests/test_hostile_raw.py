@@ -67,9 +67,12 @@ def collect(tmp_path: Path, *runs: Path) -> int:
 
 
 def spec_stats(tmp_path: Path, runs: Path, parallelism: Path) -> int:
+    verdicts = tmp_path / "verdicts_speculative.csv"  # as the verdicts rule writes it
+    cli.main(["verdicts", "--study", "speculative", "--spec", json.dumps(Stability().job_spec()),
+              "--out", str(verdicts), str(runs)])
     return cli.main(["spec-stats", "--spec", json.dumps(STATS), "--out", str(tmp_path / "stats"),
                      "--runs", str(runs), "--parallelism", str(parallelism),
-                     "--stability", json.dumps(Stability().job_spec())])
+                     "--verdicts", str(verdicts)])
 
 
 def error(capsys) -> str:
@@ -129,9 +132,9 @@ def test_spec_stats_refuses_a_short_speculative_or_parallelism_file(raw, tmp_pat
 
 def test_spec_stats_takes_complete_files_and_their_stamps_say_what_they_hold(raw, tmp_path):
     spec = pq.read_schema(raw["speculative"]).metadata
-    assert spec[b"decodelab.expected_rows"] == b"12"  # 2 K x 2 prompts, 2 baselines, HF
-    assert b"4 speculative, 2 autoregressive, 2 draft_autoregressive, 4 hf_assisted" in (
-        spec[b"decodelab.spec"])
+    assert spec[b"decodelab.expected_rows"] == b"14"  # 2 K x 2 prompts, 3 baselines, HF
+    assert (b"4 speculative, 2 autoregressive, 2 autoregressive_stepped, 2 draft_autoregressive, "
+            b"4 hf_assisted") in spec[b"decodelab.spec"]
     par = pq.read_schema(raw["parallelism"]).metadata
     assert par[b"decodelab.expected_rows"] == b"6"  # 1, 2 and 3 tokens x 2 inner repeats
     assert spec_stats(tmp_path, raw["speculative"], raw["parallelism"]) == 0

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 from hub_server import HubServer
-from test_workflow import ROOT, copy_workflow, snakemake
+from test_workflow import ROOT, copy_workflow, planned_jobs, snakemake
 
 from decodelab import models, shapes, sources
 from decodelab.paper import speculative
@@ -287,6 +287,18 @@ def test_paper_offline_is_the_paper_profile_with_init_stand_ins():
     assert {p["target"] for p in pairs} >= {"gpt2-xl", "opt-1.3b", "target"}
 
 
+def test_paper_offline_smoke_plans_the_full_dags_jobs_with_smaller_amounts(tmp_path):
+    full = snakemake(copy_workflow(tmp_path), "-n", "--cores", "1", "--configfile",
+                     "config/paper-offline.yaml")
+    smoke = subprocess.run([ROOT / "scripts/paper_offline_smoke.sh", tmp_path / "smoke", "-n"],
+                           capture_output=True, text=True, timeout=300)
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    full_jobs, smoke_jobs = planned_jobs(full.stdout), planned_jobs(smoke.stdout)
+    assert full_jobs["prepare_model"] == smoke_jobs["prepare_model"] == 7
+    assert set(full_jobs) == set(smoke_jobs)  # the same rules; fewer repeats, so fewer jobs
+    assert smoke_jobs["sweep"] < full_jobs["sweep"]
+
+
 def test_the_paper_names_init_stand_ins_in_speculative_pairs():
     settings = {"speculative": {"pairs": {
         "cpu-cpu": {"target": "target", "draft": "draft"},
@@ -298,6 +310,28 @@ def test_the_paper_names_init_stand_ins_in_speculative_pairs():
     macros, flags = speculative.speculative_macros(None, prepared, settings, pd.DataFrame())
     assert flags["SpecInitPair"] and macros["SpecInitModels"] == (
         r"\texttt{gpt2} and \texttt{gpt2-xl}")
+    assert not flags["SpecInitRows"]  # nothing ran: no result row to qualify
     real = prepared.assign(source=["train", "train", "hf", "hf"])
     _, flags = speculative.speculative_macros(None, real, settings, pd.DataFrame())
     assert not flags["SpecInitPair"]
+
+
+def test_the_paper_names_the_result_rows_of_init_pairs():
+    cpu = {"draft_device": "cpu", "target_device": "cpu"}
+    settings = {"speculative": {"pairs": {
+        "cpu-cpu": {"target": "target", "draft": "draft", **cpu},
+        "gpt2-xl.cpu-cpu": {"target": "gpt2-xl", "draft": "gpt2", **cpu},
+        "opt-1.3b.cpu-cpu": {"target": "opt-1.3b", "draft": "opt-125m", **cpu},
+        "gpt2-xl.cuda-cuda": {"target": "gpt2-xl", "draft": "gpt2", "draft_device": "cuda",
+                              "target_device": "cuda"},
+    }}}
+    prepared = pd.DataFrame({"model": ["target", "draft", "gpt2-xl", "gpt2", "opt-1.3b",
+                                       "opt-125m"],
+                             "source": ["train", "train", "init", "init", "hf", "hf"]})
+    ran = speculative.no_rows() | {"speedup": pd.DataFrame(
+        {"pair": ["cpu-cpu", "gpt2-xl.cpu-cpu", "opt-1.3b.cpu-cpu"]})}
+    env = pd.DataFrame({"backend": ["cpu"]})
+    # the skipped CUDA pair has no row to qualify; the real and trained pairs are not named
+    assert speculative.init_pairs(ran, prepared, settings, env) == ["gpt2-xl.cpu-cpu"]
+    real = prepared.assign(source="hf")
+    assert speculative.init_pairs(ran, real, settings, env) == []

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from load import planted_load
 from snakemake.utils import validate
+from test_workflow import HOST, copy_workflow, planned_jobs, snakemake
 
 from decodelab import cli, machine, sweep
 from decodelab.config import Machine, Settings
@@ -294,3 +295,35 @@ def test_a_measuring_verb_checks_the_machine_before_it_measures(model_dir, tmp_p
     assert "config 'machine.preflight': 'sometimes' is not one of" in capsys.readouterr().err
     assert cli.main(sweep_verb(model_dir, out, {"preflight": "warn"})) == 0
     assert "warning: the machine is busy" in capsys.readouterr().err and out.exists()
+
+
+# --- the pre-flight setting reruns nothing that was measured -------------------------------------
+
+TINY = {"models": ["gpt2-tiny"], "budgets": [4], "prompt_lengths": [6], "repeats": 1,
+        "inner_repeats": 1, "warmup": 1}
+TARGET = f"results/{HOST}/cpu/sweep/gpt2-tiny/rep0.parquet"
+
+
+def tiny_config(root: Path, machine_section: dict, **sweep_changes) -> Path:
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config |= {"host": HOST, "machine": machine_section,
+               "sweep": config["sweep"] | TINY | sweep_changes}
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def planned_after(root: Path, config: Path) -> dict[str, int]:
+    out = snakemake(root, TARGET, "-n", "--rerun-triggers", "params", "--configfile",
+                    str(config)).stdout
+    return {} if "Nothing to be done" in out else planned_jobs(out)
+
+
+def test_changing_the_preflight_reruns_no_measuring_job(tmp_path):
+    root = copy_workflow(tmp_path)
+    snakemake(root, TARGET, "--cores", "1", "--configfile",
+              str(tiny_config(root, {"preflight": "off"})))  # a real job: its params recorded
+    refuse = tiny_config(root, {"preflight": "refuse", "max_load": 0.1, "wait_s": 5})
+    assert "sweep" not in planned_after(root, refuse)
+    warmup = tiny_config(root, {"preflight": "off"}, warmup=2)  # the control: a measured setting
+    assert "sweep" in planned_after(root, warmup)

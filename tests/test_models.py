@@ -22,7 +22,7 @@ import decodelab
 from decodelab import models, shapes, sources
 from decodelab.errors import DecodelabError
 
-TINY = {"gpt2-tiny": "gpt2", "opt-tiny": "opt", "bloom-tiny": "bloom"}
+TINY = {"gpt2-tiny": "gpt2", "opt-tiny": "opt", "bloom-tiny": "bloom", "llama-tiny": "llama"}
 
 # Published parameter counts (tied input/output embeddings counted once).
 PUBLISHED = {
@@ -138,6 +138,7 @@ def test_real_size_presets_have_published_parameter_counts(preset):
         ("gpt2", 1024), ("gpt2-xl", 1024), ("gpt2-tiny", 1024),
         ("opt-125m", 2048), ("opt-1.3b", 2048), ("opt-tiny", 2048),
         ("bloom-560m", None), ("bloom-1b7", None), ("bloom-tiny", None),
+        ("llama-tiny", None),
     ],
 )
 def test_max_positions(preset, expected):

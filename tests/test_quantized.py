@@ -4,16 +4,18 @@ the verify cost (K+1 tokens over 1) on the CPU build."""
 
 import shutil
 
+import pandas as pd
 import pytest
 import torch
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make quantized-tools)")
 
 from decodelab import gguf_convert, models, sources, study  # noqa: E402
-from decodelab.config import GREEDY, Sampling  # noqa: E402
+from decodelab.config import GREEDY, QUANT_TYPES, Sampling  # noqa: E402
 from decodelab.decode import decode  # noqa: E402
 from decodelab.errors import DecodelabError  # noqa: E402
-from decodelab.llamacpp import Engine, first_divergence, margin, verify_cost  # noqa: E402
+from decodelab.llamacpp import Engine, first_divergence, margin  # noqa: E402
+from decodelab.quantized import verify_cost, with_divergence  # noqa: E402
 from decodelab.speculative import generate  # noqa: E402
 
 QUANTIZED = ("Q8_0", "Q4_0")
@@ -28,7 +30,8 @@ def ggufs(tiny_pair, tmp_path_factory) -> dict:
     for role, src in zip(("target", "draft"), tiny_pair, strict=True):
         shutil.copytree(src, root / role)
         out["dirs"][role] = root / role
-        out[role] = {t: gguf_convert.convert(root / role, t) for t in gguf_convert.TYPES}
+        out[role] = {t: gguf_convert.convert(root / role, t, root / f"{role}-gguf")
+                     for t in QUANT_TYPES}
     return out
 
 
@@ -62,12 +65,12 @@ def test_a_model_without_a_tokenizer_converts_in_the_vocabulary_less_mode(tmp_pa
     sources.prepare({"source": "init", "preset": preset, "seed": 1}, tmp_path / preset)
     ids = prompt(vocab=8192)
     want = models.load(tmp_path / preset, "cpu")(torch.tensor([ids])).logits[0].float()
-    got = engine_logits(Engine(gguf_convert.convert(tmp_path / preset, "F16")), ids)
+    got = engine_logits(Engine(gguf_convert.convert(tmp_path / preset, "F16", tmp_path)), ids)
     assert got.shape == want.shape
     assert float((got - want).abs().max()) < 0.01 * float(want.std())
 
 
-@pytest.mark.parametrize("qtype", gguf_convert.TYPES)
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
 def test_rollback_equals_a_fresh_evaluation_of_the_accepted_prefix(ggufs, qtype):
     """The accepted prefix and the rejected draft tokens go in as one batch, as in a verify
     pass; after the rollback the next token's logits equal those after the prefix alone (bit
@@ -130,7 +133,7 @@ def test_sampled_speculative_over_llama_cpp_runs_with_the_projects_rule(ggufs):
                    torch.Generator().manual_seed(1))
     assert len(out.tokens) == 20
     assert all(0 <= t < target.config.vocab_size for t in out.tokens)
-    assert out.proposed > 0 and 0 <= out.acceptance_rate <= 1
+    assert out.proposed > 0 and 0 <= out.proposal_acceptance <= 1
 
 
 def test_verify_cost_gives_k_plus_one_over_one_ratios_on_the_cpu_build(ggufs):
@@ -148,8 +151,8 @@ def test_verify_cost_gives_k_plus_one_over_one_ratios_on_the_cpu_build(ggufs):
 def test_an_unsupported_architecture_is_refused_by_name(tmp_path):
     sources.prepare({"source": "init", "preset": "opt-tiny"}, tmp_path / "opt")
     with pytest.raises(DecodelabError, match="OPTForCausalLM"):
-        gguf_convert.convert(tmp_path / "opt", "F16")
-    assert not gguf_convert.gguf_path(tmp_path / "opt", "F16").exists()
+        gguf_convert.convert(tmp_path / "opt", "F16", tmp_path / "gguf")
+    assert not gguf_convert.gguf_path(tmp_path / "gguf", "F16").exists()
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
@@ -159,3 +162,41 @@ def test_a_gguf_that_does_not_load_is_an_error_naming_the_file(ggufs, tmp_path, 
     bad.write_bytes(b"not a gguf file" * 100 if damage == "garbage" else good[:len(good) // 2])
     with pytest.raises(DecodelabError, match=str(bad)):
         Engine(bad)
+
+
+def test_divergence_columns_name_the_position_and_margin_where_greedy_sequences_part(ggufs):
+    """A planted divergence at position 5 is found there with the target's margin at that
+    prefix; an equal sequence gets none (the negative control)."""
+    target = Engine(ggufs["target"]["Q8_0"])
+    ids = prompt()
+    own = decode(target, torch.tensor([ids]), 12).tokens
+    planted = own[:5] + [(own[5] + 1) % target.config.vocab_size] + own[6:]
+    runs = pd.DataFrame([
+        {"method": "autoregressive", "mode": "greedy", "prompt": 0, "tokens": own},
+        {"method": "speculative", "mode": "greedy", "prompt": 0, "tokens": own},
+        {"method": "speculative", "mode": "greedy", "prompt": 0, "tokens": planted},
+        {"method": "speculative", "mode": "sampled", "prompt": 0, "tokens": planted}])
+    out = with_divergence(runs, target, [ids])
+    assert out["diverges_at"].isna().tolist() == [True, True, False, True]
+    assert out["diverges_at"][2] == 5
+    assert out["divergence_margin"][2] == pytest.approx(margin(target, ids + own[:5]))
+
+
+def test_a_cpu_build_refuses_a_cuda_engine_by_name(ggufs):
+    with pytest.raises(DecodelabError, match="CPU build.*GGML_CUDA"):
+        Engine(ggufs["target"]["Q4_0"], device="cuda")
+
+
+def test_the_verify_cost_verb_writes_a_stamped_raw_file(ggufs, tmp_path):
+    from decodelab.cli import main
+    from decodelab.io import read_raw
+
+    out = tmp_path / "rep0.parquet"
+    spec = '{"ks": [1, 2], "context": 8, "inner": 2, "seed": 0, "dtype": "Q4_0"}'
+    main(["verify-cost", "--gguf", str(ggufs["target"]["Q4_0"]), "--model", "target",
+          "--device", "cpu", "--spec", spec, "--repeat", "0", "--threads", "1",
+          "--out", str(out)])
+    rows = read_raw(out, "parallelism")
+    assert len(rows) == study.parallelism_rows([1, 2], 2)[0]
+    assert set(rows["backend"]) == {"llama.cpp-Q4_0-cpu"} and set(rows["model"]) == {"target"}
+    assert rows["llama_cpp_gpu_offload"].eq(False).all()

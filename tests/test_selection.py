@@ -114,3 +114,68 @@ def test_a_stage_that_measured_nothing_has_no_row():
     table = selection.selection_table(runs[runs["experiment"] == "sweep"], pd.DataFrame(),
                                       {"window": 2, "threshold": 1.5}, CI)
     assert list(table["claim"]) == ["spike_largest"]
+
+
+# -----------------------------------------------------------------------------
+# few processes: the split inside every process, over its cells
+
+def spec_cells(seed: int, processes: int, prompts: int, real: dict | None = None
+               ) -> pd.DataFrame:
+    """`selection.spec_cells`'s shape: a time per process, configuration and prompt, with a
+    factor per process (its machine state) and one per prompt (its length) that every
+    configuration shares, and each measurement's own noise."""
+    rng = np.random.default_rng(seed)
+    real = real or {}
+    process = np.exp(rng.normal(0, 0.1, processes))
+    prompt = np.exp(rng.normal(0, 0.2, prompts))
+    rows = []
+    for r, c, pair in ((r, c, p) for r in range(processes) for c in range(prompts)
+                       for p in PAIRS):
+        for method, k in [("autoregressive", 0), *(("speculative", k) for k in KS)]:
+            total = process[r] * prompt[c] * np.exp(rng.normal(0, SIGMA))
+            rows.append({"pair": pair, "repeat": r, "cell": c, "method": method,
+                         "mode": "sampled", "k": k,
+                         "total_s": float(total / real.get((pair, k), 1.0))})
+    return pd.DataFrame(rows)
+
+
+def test_with_three_processes_the_prompts_split_and_the_null_stays_indistinguishable():
+    rows = [selection.speculative_best(spec_cells(s, 3, 4), CI) for s in range(SEEDS)]
+    assert rows[0]["selected_on"] == "prompts 1, 3 of each of 3 processes"
+    assert rows[0]["estimated_on"] == "prompts 0, 2 of each of 3 processes"
+    assert rows[0]["n"] == 6
+    quiet = np.mean([not r["distinguishable"] for r in rows])
+    naive_above = np.mean([r["naive"] > 1 for r in rows])
+    print(f"null, 3 processes x 4 prompts: not distinguishable {quiet:.3f}, naive > 1 "
+          f"{naive_above:.3f}")
+    assert quiet >= 0.95 and naive_above >= 0.9
+
+
+def test_with_three_processes_one_real_configuration_is_found_and_covered():
+    rows = [selection.speculative_best(spec_cells(s, 3, 4, {("cpu-cuda", 3): 1.5}), CI)
+            for s in range(SEEDS)]
+    found = np.mean([r["label"] == "cpu-cuda, sampled, K = 3" for r in rows])
+    covered = np.mean([r["ci_low"] <= 1.5 <= r["ci_high"] for r in rows])
+    apart = np.mean([r["distinguishable"] for r in rows])
+    print(f"1.5x, 3 processes x 4 prompts: found {found:.3f}, covered {covered:.3f}, "
+          f"distinguishable {apart:.3f}")
+    # Less power than 8-12 processes give (0.46 here): 6 estimating units, the prompts'
+    # own spread in both arms.
+    assert found >= 0.9 and covered >= 0.9 and apart >= 0.4
+    estimates = np.array([r["estimate"] for r in rows if r["label"].startswith("cpu-cuda")])
+    assert abs(np.median(np.log(estimates / 1.5))) < 0.05
+
+
+def test_with_three_processes_the_sweeps_split_their_inner_repeats():
+    runs = pd.concat([sweep_runs(seed, 3).assign(repeat=r, inner=i)
+                      for r, i, seed in ((r, i, 10 * r + i) for r in range(3) for i in range(3))],
+                     ignore_index=True)
+    table = selection.selection_table(runs, pd.DataFrame(), {"window": 2, "threshold": 1.5}, CI)
+    kv = table.set_index("claim").loc["kv_best"]
+    assert kv["estimated_on"] == "inner repeats 0, 2 of each of 3 processes" and kv["n"] == 6
+    assert kv["distinguishable"] and kv["ci_low"] < 2 < kv["ci_high"]
+    spike = table.set_index("claim").loc["spike_largest"]
+    assert spike["selected_on"] == "inner repeats 1 of each of 3 processes"
+    assert not spike["distinguishable"]  # straight lines: no excursion
+    one_prompt = selection.speculative_best(spec_cells(0, 3, 1), CI)  # nothing to split
+    assert "3 processes per configuration, fewer than the 8" in one_prompt["reason"]

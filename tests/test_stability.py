@@ -1,6 +1,7 @@
 """decodelab.stability: a verdict per configuration and per job from synthetic raw runs, the
 re-measure command, `make remeasure` and the last line of the Snakemake log."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import pandas as pd
 import pytest
 
 from decodelab import cli, stability, stats, tables
-from decodelab.config import Confidence, Stability
+from decodelab.config import Confidence, Stability, load_settings
 from decodelab.errors import DecodelabError
+from decodelab.io import write_raw, write_table
 from decodelab.regime_depth import with_stability
 from decodelab.regimes import spike_table
 
@@ -25,25 +27,26 @@ BUDGETS = (8, 16, 32)
 
 
 def raw_runs(n_proc: int = 3, noise: float = 0.01, slow: dict | None = None,
-             busy: dict | None = None, machine: bool = True, seed: int = 0) -> pd.DataFrame:
-    """Sweep and ablation rows of one model, as the sweep jobs write them: `slow` maps a
-    repeat to the factor its whole process ran slower by, `busy` a repeat to the background
-    CPU share recorded on its rows; `machine=False` leaves out the machine columns (older
-    raw files)."""
+             busy: dict | None = None, machine: bool = True, seed: int = 0, inner: int = 2,
+             budgets=BUDGETS) -> pd.DataFrame:
+    """Sweep and ablation rows of one model, as the sweep jobs write them: `noise` the sd of
+    each value's log, `slow` maps a repeat to the factor its whole process ran slower by,
+    `busy` a repeat to the background CPU share recorded on its rows; `machine=False` leaves
+    out the machine columns (older raw files)."""
     slow, busy, rng = slow or {}, busy or {}, np.random.default_rng(seed)
     rows = []
     for experiment, caches in (("sweep", (True,)), ("ablation", (True, False))):
         for repeat in range(n_proc):
             job = f"results/h/cpu/{experiment}/m/rep{repeat}.parquet"
             for use_cache in caches:
-                for budget in BUDGETS:
-                    for inner in range(2):
+                for budget in budgets:
+                    for index in range(inner):
                         base = 0.001 * budget * (1 if use_cache else 3)
                         total = base * slow.get(repeat, 1.0) * rng.lognormal(0, noise)
                         row = {"experiment": experiment, "backend": "cpu", "model": "m",
                                "family": "gpt2", "dtype": "float32", "prompt_len": 8,
                                "use_cache": use_cache, "budget": budget, "repeat": repeat,
-                               "inner": inner, "prefill_s": total / 4,
+                               "inner": index, "prefill_s": total / 4,
                                "decode_s": 3 * total / 4, "total_s": total,
                                "decode_per_token_s": 3 * total / 4 / budget, "job": job}
                         if machine:
@@ -56,6 +59,10 @@ def raw_runs(n_proc: int = 3, noise: float = 0.01, slow: dict | None = None,
 
 def judged(runs: pd.DataFrame, limits: Stability = LIMITS) -> pd.DataFrame:
     return stability.verdicts(runs, stats.SWEEP, limits)
+
+
+def sweep_tables(runs: pd.DataFrame, limits: Stability = LIMITS) -> dict[str, pd.DataFrame]:
+    return stability.stability_tables([(runs, stats.SWEEP, judged(runs, limits))], limits)
 
 
 # -----------------------------------------------------------------------------
@@ -104,6 +111,37 @@ def test_spread_within_a_process_and_an_outlier_value():
         assert "> 1.50" in text
 
 
+# The quiet default run's scatter (commit 513a3a3, nothing else on the machine): the ratio of a
+# configuration's first to second inner repeat had its 10th-90th percentiles at 0.82-1.28, a
+# log-normal sd of 0.174 / sqrt(2) per value.
+QUIET_SCATTER = 0.123
+
+
+def default_build(seed: int, busy: float = 0.01, noise: float = QUIET_SCATTER) -> pd.DataFrame:
+    """The default config's sweep jobs of one model, in synthetic rows: its processes, inner
+    repeats and budgets, every process's background CPU share at `busy`."""
+    settings = load_settings(ROOT / "config.yaml")
+    sweep = settings.sweep
+    runs = raw_runs(n_proc=sweep.repeats, inner=sweep.inner_repeats, budgets=sweep.budgets,
+                    noise=noise, busy=dict.fromkeys(range(sweep.repeats), busy), seed=seed)
+    return sweep_tables(runs, settings.stability)["stability"]
+
+
+def test_a_quiet_scatter_of_20_percent_passes_at_the_defaults_repeats_and_a_load_fails():
+    first, second = (raw_runs(noise=QUIET_SCATTER, budgets=range(1, 200)).query(f"inner == {i}")
+                     ["total_s"].to_numpy() for i in (0, 1))
+    assert np.percentile(first / second, [10, 90]) == pytest.approx([0.82, 1.28], abs=0.04)
+    quiet = [default_build(seed) for seed in range(100)]
+    assert sum(jobs["noisy"].any() for jobs in quiet) <= 5  # of 100 quiet builds
+    assert np.mean([jobs["unstable_share"].mean() for jobs in quiet]) < 0.02
+    loaded = default_build(0, busy=0.45)  # the shares measured beside a running test: 44-60%
+    assert loaded["noisy"].all() and (loaded["unstable_share"] == 1).all()
+    assert (loaded["reason"] == "background CPU").all()
+    # Without the machine's columns, a load that doubles the scatter still shows in the spread.
+    disturbed = default_build(0, busy=np.nan, noise=3 * QUIET_SCATTER)
+    assert disturbed["noisy"].all()
+
+
 def test_a_reason_never_reads_as_its_limit():
     assert stability.crossed(0.103, 0.10, "percent") == "10.3% > 10.0%"
     assert stability.crossed(0.23, 0.10, "percent") == "23% > 10%"
@@ -126,7 +164,7 @@ def test_old_raw_runs_without_machine_columns_are_judged_on_spread_alone():
     assert quiet["background"].isna().all() and quiet["stable"].all()
     assert not slow["stable"].any()
     for machine in (False, True):
-        frames = stability.stability_tables([(raw_runs(machine=machine), stats.SWEEP)], LIMITS)
+        frames = sweep_tables(raw_runs(machine=machine), LIMITS)
         judged_by = frames["stability_summary"]["judged_by"].iloc[0]
         assert (stability.NOT_RECORDED in judged_by) == (not machine)
 
@@ -141,6 +179,31 @@ def test_latency_rows_carry_their_configurations_verdict():
     assert len(table) == 9 * len(stats.METRICS)
     assert set(table.loc[~table["stable"], "budget"]) == {32}
     assert (table.loc[table["stable"], "unstable_reason"] == "").all()
+
+
+def test_the_verdicts_are_written_once_and_every_table_with_verdicts_reads_them(tmp_path):
+    runs = raw_runs(busy={0: 0.5})
+    runs.loc[runs["budget"] != 32, "background_cpu_share"] = 0.0
+    files = []
+    for job, rows in runs.groupby("job"):  # the raw files, as the sweep jobs write them
+        path = tmp_path / job
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files.append(str(write_raw(rows.drop(columns="job"), path, len(rows), "synthetic")))
+    verdicts = tmp_path / "verdicts_sweep.csv"
+    assert cli.main(["verdicts", "--study", "sweep", "--spec", json.dumps(LIMITS.job_spec()),
+                     "--out", str(verdicts), *files]) == 0
+    write_table(runs, tmp_path / "runs.parquet")
+    assert cli.main(["stats", "--runs", str(tmp_path / "runs.parquet"), "--spec",
+                     json.dumps(CI.job_spec()), "--verdicts", str(verdicts), "--latency",
+                     str(tmp_path / "latency.csv"), "--kv", str(tmp_path / "kv.csv")]) == 0
+    latency = tables.read(tmp_path, "latency")
+    assert set(latency.loc[~latency["stable"], "budget"]) == {32}  # as judged in memory
+    assert list(pd.read_csv(verdicts).columns) == [*stats.GRID, *stability.SPREADS,
+                                                    *stability.VERDICT]
+    assert stability.SPREADS == list(tables.SPREADS)  # the registry declares the same columns
+    assert cli.main(["stats", "--runs", str(tmp_path / "runs.parquet"), "--spec",
+                     json.dumps(CI.job_spec()), "--verdicts", str(tmp_path / "none.csv"),
+                     "--latency", str(tmp_path / "l.csv"), "--kv", str(tmp_path / "k.csv")]) == 2
 
 
 def test_a_kv_ratio_is_unstable_when_either_side_is():
@@ -210,7 +273,7 @@ def test_the_job_table_names_every_job_and_its_unstable_share():
     runs = raw_runs(busy={1: 0.5})
     quiet_ablation = runs["experiment"] == "ablation"
     runs.loc[quiet_ablation, "background_cpu_share"] = 0.0
-    frames = stability.stability_tables([(runs, stats.SWEEP)], LIMITS)
+    frames = sweep_tables(runs, LIMITS)
     jobs = frames["stability"].set_index("job")
     assert list(frames["stability"].columns) == stability.JOB_COLUMNS
     assert len(jobs) == 6 and (jobs["configurations"] == [6, 6, 6, 3, 3, 3]).all()
@@ -232,7 +295,7 @@ def test_the_job_table_names_every_job_and_its_unstable_share():
 
 def test_runs_collected_before_the_job_column_are_refused_with_the_fix():
     with pytest.raises(DecodelabError, match=r"`job` column.*snakemake --forcerun collect"):
-        stability.stability_tables([(raw_runs().drop(columns="job"), stats.SWEEP)], LIMITS)
+        sweep_tables(raw_runs().drop(columns="job"), LIMITS)
 
 
 def test_a_share_threshold_keeps_jobs_with_few_unstable_configurations():
@@ -240,14 +303,14 @@ def test_a_share_threshold_keeps_jobs_with_few_unstable_configurations():
     busy = (runs["experiment"] == "sweep") & (runs["budget"] == 8) & (runs["repeat"] == 0)
     runs.loc[busy, "background_cpu_share"] = 0.5
     for share, noisy in ((0.2, True), (0.5, False)):
-        jobs = stability.stability_tables([(runs, stats.SWEEP)], Stability(noisy_share=share))
+        jobs = sweep_tables(runs, Stability(noisy_share=share))
         sweep = jobs["stability"].set_index("experiment").loc["sweep"]
         assert (sweep["unstable_share"] == 1 / 3).all() and (sweep["noisy"] == noisy).all()
         assert jobs["stability_summary"]["noisy"].iloc[0] == noisy
 
 
 def test_a_quiet_build_has_nothing_to_remeasure():
-    frames = stability.stability_tables([(raw_runs(), stats.SWEEP)], LIMITS)
+    frames = sweep_tables(raw_runs(), LIMITS)
     summary = frames["stability_summary"].iloc[0]
     assert summary["stable"] == summary["configurations"] == 9 and not summary["noisy"]
     assert summary["remeasure"] == "" and not frames["stability"]["noisy"].any()
@@ -313,12 +376,12 @@ def test_make_remeasure_forces_only_the_noisy_jobs(tmp_path):
 
 def test_the_closing_note_says_quiet_or_names_the_noisiest_jobs(tmp_path):
     assert stability.closing_note(tmp_path) is None  # a dry run, a partial target
-    quiet = stability.stability_tables([(raw_runs(), stats.SWEEP)], LIMITS)
+    quiet = sweep_tables(raw_runs(), LIMITS)
     tables.write_group(tmp_path / "quiet", "stability", quiet)
     note = stability.closing_note(tmp_path / "quiet")
     assert note.startswith("Measurements were quiet: 9 of 9 configurations stable (judged by "
                            "cv between processes <= 10%")
-    noisy = stability.stability_tables([(raw_runs(slow={0: 3.0}), stats.SWEEP)], LIMITS)
+    noisy = sweep_tables(raw_runs(slow={0: 3.0}), LIMITS)
     tables.write_group(tmp_path / "noisy", "stability", noisy)
     note = stability.closing_note(tmp_path / "noisy")
     assert note.startswith("WARNING: 9 of 9 configurations were unstable (noisiest jobs: "

@@ -24,7 +24,8 @@ def test_the_grid_has_every_method_once_per_prompt(runs):
     one = runs[runs["repeat"] == 0]
     counts = one.groupby("method").size().to_dict()
     assert counts == {"speculative": 2 * 2 * 2, "autoregressive": 2 * 2,
-                      "draft_autoregressive": 2 * 2, "hf_assisted": 2 * 2}
+                      "autoregressive_stepped": 2 * 2, "draft_autoregressive": 2 * 2,
+                      "hf_assisted": 2 * 2}
     assert sorted(one["order"]) == list(range(len(one)))
     assert (one["tokens"].map(len) == SPEC["budget"]).all()
 
@@ -43,19 +44,22 @@ def test_study_tables_are_consistent(runs):
                                   stability.verdicts(runs, stats.SPECULATIVE, Stability()))
     theory = stats.theory_table(proc, speedup, acceptance)
     assert set(acceptance["k"]) == {1, 3} and set(acceptance["mode"]) == {"greedy", "sampled"}
-    assert acceptance["acceptance"].between(0, 1).all()
+    assert acceptance["alpha"].between(0, 1).all()
+    assert acceptance["proposal_acceptance"].between(0, 1).all()
     assert (acceptance["tokens_per_call"] >= 1).all()
     assert (acceptance["tokens_per_call"] <= acceptance["k"] + 1).all()
     assert (speedup["speedup"] > 0).all() and (speedup["n"] == 2).all()
+    assert (speedup["baseline"] == "fair").all() and (speedup["speedup_stepped"] > 0).all()
+    assert speedup["overhead_share"].between(0, 1).all()
     assert theory["alpha"].between(0, 1).all() and (theory["cost_ratio"] > 0).all()
 
 
 def test_alpha_inversion_recovers_the_planted_value():
-    from decodelab.theory import expected_tokens_per_call
+    from decodelab.theory import alpha_from_tokens_per_call, expected_tokens_per_call
 
     for alpha in (0.0, 0.3, 0.7, 0.95):
         for k in (1, 4, 8):
-            got = stats.alpha_from_tokens_per_call(expected_tokens_per_call(alpha, k), k)
+            got = alpha_from_tokens_per_call(expected_tokens_per_call(alpha, k), k)
             assert abs(got - alpha) < 1e-6
 
 
@@ -66,3 +70,29 @@ def test_parallelism_rows_time_one_and_k_plus_one_tokens(tiny_pair):
     assert (rows.groupby("tokens").size() == 3).all() and (rows["seconds"] > 0).all()
     table = stats.parallelism_table(rows.assign(backend="cpu", model="t", repeat=0), CI)
     assert sorted(table["k"]) == [1, 4] and (table["ratio"] > 0).all()
+
+
+def test_both_baselines_decode_what_the_target_decodes_and_record_the_engine(runs):
+    """The fair loop and the stepped harness emit the same greedy tokens; every speculative and
+    fair-loop row says where its time went, and the parts add up."""
+    greedy = runs[runs["mode"] == "greedy"].set_index(["repeat", "prompt", "method"])["tokens"]
+    for (repeat, prompt), _ in runs.groupby(["repeat", "prompt"]):
+        assert list(greedy[(repeat, prompt, "autoregressive")]) == \
+            list(greedy[(repeat, prompt, "autoregressive_stepped")])
+    engine = runs[runs["method"].isin(["speculative", "autoregressive", "draft_autoregressive"])]
+    assert engine["overhead_share"].between(0, 1).all()
+    parts = engine["draft_s"].fillna(0) + engine["verify_s"] + engine["overhead_s"]
+    assert (parts - engine["total_s"]).abs().max() < 1e-9
+    assert (engine["prefill_s"] > 0).all() and (engine["prefill_s"] < engine["total_s"]).all()
+
+
+def test_runs_without_the_fair_baseline_say_their_speedup_is_over_the_stepped_one(runs):
+    """Raw runs from before the fair loop (their `autoregressive` was the stepped harness, and
+    no `autoregressive_stepped` rows): the speedup table labels them, rather than passing them
+    off as fair."""
+    old = runs[runs["method"] != "autoregressive_stepped"].drop(columns=["proposals"])
+    speedup = stats.speedup_table(stats.spec_per_process(old), CI,
+                                  stability.verdicts(old, stats.SPECULATIVE, Stability()))
+    assert (speedup["baseline"] == "stepped").all() and "speedup_stepped" not in speedup
+    acceptance = stats.acceptance_table(stats.spec_per_process(old), CI)
+    assert acceptance["alpha"].between(0, 1).all()

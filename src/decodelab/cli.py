@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
+from .config import PREFLIGHT_ENV
 from .errors import DecodelabError
 
 
@@ -65,30 +67,51 @@ def skipped(args):
     from .probe import why_unavailable
 
     rows = [{"host": args.host, "backend": b, "reason": why_unavailable(b)} for b in args.backends]
+    rows += [{"host": args.host, **row} for row in json.loads(args.also)]
     write_table(pd.DataFrame(rows, columns=["host", "backend", "reason"]), args.out)
 
 
-def statistics(args):
+def read_verdicts(path: str, study: str):
+    """A verdicts_<study>.csv table (the `verdicts` verb's), typed."""
+    import pandas as pd
+
+    from . import tables
+
+    try:
+        return tables.typed(pd.read_csv(path), tables.table(f"verdicts_{study}"))
+    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
+        raise DecodelabError(f"{path}: not a readable verdicts table ({err}); rerun the "
+                             "verdicts rule") from err
+
+
+def verdicts(args):
     from . import stability, stats
-    from .config import Confidence, Stability
+    from .config import Stability
+    from .io import write_table
+
+    runs = stats.read_raw_runs(args.runs, args.study)
+    limits = Stability.from_spec(json.loads(args.spec))
+    write_table(stability.verdicts(runs, stats.STUDIES[args.study], limits), args.out)
+
+
+def statistics(args):
+    from . import stats
+    from .config import Confidence
     from .io import read_table, write_table
 
     runs, ci = read_table(args.runs), Confidence.from_spec(json.loads(args.spec))
-    verdict = stability.verdicts(runs, stats.SWEEP,
-                                 Stability.from_spec(json.loads(args.stability)))
+    verdict = read_verdicts(args.verdicts, "sweep")
     write_table(stats.latency_table(runs, ci, verdict), args.latency)
     write_table(stats.kv_speedup_table(runs, ci, verdict), args.kv)
 
 
 def regimes(args):
     from . import regimes as rg
-    from . import stability, stats
-    from .config import Stability
+    from . import stats
     from .io import read_table, write_table
 
     runs = read_table(args.runs)
-    verdict = stability.verdicts(runs, stats.SWEEP,
-                                 Stability.from_spec(json.loads(args.stability)))
+    verdict = read_verdicts(args.verdicts, "sweep")
     write_table(rg.spike_table(stats.per_process(runs), json.loads(args.spec), verdict),
                 args.out)
 
@@ -97,11 +120,11 @@ def selection(args):
     from . import stats
     from .config import Confidence
     from .io import read_table, write_table
-    from .selection import selection_table
+    from .selection import selection_table, spec_cells
 
-    spec_proc = stats.read_raw_runs(args.speculative, "speculative")
-    spec_proc = stats.spec_per_process(spec_proc) if len(spec_proc) else spec_proc
-    write_table(selection_table(read_table(args.runs), spec_proc, json.loads(args.regimes),
+    spec_runs = stats.read_raw_runs(args.speculative, "speculative")
+    cells = spec_cells(spec_runs) if len(spec_runs) else spec_runs
+    write_table(selection_table(read_table(args.runs), cells, json.loads(args.regimes),
                                 Confidence.from_spec(json.loads(args.spec))), args.out)
 
 
@@ -120,13 +143,47 @@ def figures(args):
 
 
 def speculative(args):
-    from . import study
+    from . import quantized, study
     from .io import write_raw
 
     pair = json.loads(args.pair_spec)
+    pair.update({f"{role}_gguf": path for role, path in
+                 (("target", args.target_gguf), ("draft", args.draft_gguf)) if path})
     spec = open_job(args, pair["target_device"], pair["draft_device"])
     df = study.run(args.target_dir, args.draft_dir, args.pair, pair, spec, args.repeat)
+    df = quantized.with_target_divergence(df, pair, args.target_dir, spec)
     write_raw(df, args.out, *study.expected_rows(spec, pair))
+
+
+def convert_gguf(args):
+    from .gguf_convert import convert
+
+    convert(args.model_dir, args.type, args.out_dir)
+
+
+def verify_cost(args):
+    from . import quantized
+    from .io import write_raw
+    from .study import parallelism_rows
+
+    spec = open_job(args, args.device)
+    df = quantized.verify_cost_job(args.gguf, args.model, args.device, spec, args.repeat,
+                                   args.threads)
+    write_raw(df, args.out, *parallelism_rows(spec["ks"], spec["inner"]))
+
+
+def quantized_stats(args):
+    from . import quantized_stats as qs
+    from . import stats, tables
+    from .config import Confidence
+
+    ci = Confidence.from_spec(json.loads(args.spec))
+    verify = stats.read_raw_runs(args.verify_cost, "parallelism")
+    runs = stats.read_raw_runs(args.runs, "speculative")
+    speedup = tables.read(args.stats, "speculative_speedup")
+    tables.write_group(args.out, "quantized", {
+        "verify_cost": qs.verify_cost_table(verify, ci),
+        "speculative": qs.speculative_table(runs, speedup)})
 
 
 def parallelism(args):
@@ -144,17 +201,15 @@ def parallelism(args):
 
 
 def speculative_stats(args):
-    from . import stability, stats, tables
-    from .config import Confidence, Stability
+    from . import stats, tables
+    from .config import Confidence
 
     ci = Confidence.from_spec(json.loads(args.spec))
     runs = stats.read_raw_runs(args.runs, "speculative")
     par = stats.read_raw_runs(args.parallelism, "parallelism")
     proc = stats.spec_per_process(runs)
     acceptance = stats.acceptance_table(proc, ci)
-    verdict = stability.verdicts(runs, stats.SPECULATIVE,
-                                 Stability.from_spec(json.loads(args.stability)))
-    speedup = stats.speedup_table(proc, ci, verdict)
+    speedup = stats.speedup_table(proc, ci, read_verdicts(args.verdicts, "speculative"))
     tables.write_group(args.out, "speculative", {
         "acceptance": acceptance, "speedup": speedup,
         "theory": stats.theory_table(proc, speedup, acceptance),
@@ -166,9 +221,11 @@ def stability_tables(args):
     from .config import Stability
     from .io import read_table
 
-    studies = [(read_table(args.runs), stats.SWEEP),
-               (stats.read_raw_runs(args.speculative, "speculative"), stats.SPECULATIVE),
-               (stats.read_raw_runs(args.parallelism, "parallelism"), stats.PARALLELISM)]
+    runs = {"sweep": read_table(args.runs),
+            "speculative": stats.read_raw_runs(args.speculative, "speculative"),
+            "parallelism": stats.read_raw_runs(args.parallelism, "parallelism")}
+    studies = [(runs[name], stats.STUDIES[name], read_verdicts(path, name))
+               for name, path in zip(runs, args.verdicts, strict=True)]
     frames = stability.stability_tables(studies, Stability.from_spec(json.loads(args.spec)))
     tables.write_group(args.out, "stability", frames)
 
@@ -258,6 +315,12 @@ def spec_figures(args):
     fg.speculative_figures(Path(args.stats), Path(args.out))
 
 
+def quantized_figures(args):
+    from . import figures as fg
+
+    fg.quantized_figures(Path(args.stats), Path(args.out))
+
+
 def settings(args):
     from .io import write_json
 
@@ -334,7 +397,10 @@ def artifact_times(args):
         print(benchmarks.markdown(rows, str(host)))
 
 
-MACHINE_HELP = "config 'machine' (the pre-flight check), as JSON; default: warn"
+def add_machine(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--machine", default=os.environ.get(PREFLIGHT_ENV, "{}"),
+                   help=f"config 'machine' (the pre-flight check), as JSON; default: "
+                        f"${PREFLIGHT_ENV} (which the workflow sets from its config), else warn")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, required=True)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--spec", required=True, help="the sweep settings, as JSON")
-    p.add_argument("--machine", default="{}", help=MACHINE_HELP)
+    add_machine(p)
     p.add_argument("--out", required=True)
     p.set_defaults(func=sweep)
 
@@ -372,13 +438,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("skipped", help="record backends requested but absent on this host")
     p.add_argument("--host", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--also", default="[]", help="more rows ({backend, reason}), as JSON: the "
+                   "models llama.cpp's converter cannot take")
     p.add_argument("backends", nargs="*")
     p.set_defaults(func=skipped)
 
     p = verbs.add_parser("stats", help="medians with bootstrap CIs; KV-cache speedups")
     p.add_argument("--runs", required=True)
     p.add_argument("--spec", required=True)
-    p.add_argument("--stability", required=True, help="config stats.stability, as JSON")
+    p.add_argument("--verdicts", required=True, help="stats/verdicts_sweep.csv")
     p.add_argument("--latency", required=True)
     p.add_argument("--kv", required=True)
     p.set_defaults(func=statistics)
@@ -386,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("regimes", help="flag latency spikes against the local trend")
     p.add_argument("--runs", required=True)
     p.add_argument("--spec", required=True)
-    p.add_argument("--stability", required=True, help="config stats.stability, as JSON")
+    p.add_argument("--verdicts", required=True, help="stats/verdicts_sweep.csv")
     p.add_argument("--out", required=True)
     p.set_defaults(func=regimes)
 
@@ -417,8 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dir", required=True)
     p.add_argument("--pair", required=True, help="the configuration's name")
     p.add_argument("--pair-spec", required=True, help="devices and dtype, as JSON")
+    p.add_argument("--target-gguf", help="the target's GGUF, where it runs in llama.cpp")
+    p.add_argument("--draft-gguf", help="the draft's GGUF, where it runs in llama.cpp")
     p.add_argument("--spec", required=True, help="the study settings, as JSON")
-    p.add_argument("--machine", default="{}", help=MACHINE_HELP)
+    add_machine(p)
     p.add_argument("--repeat", type=int, required=True)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
@@ -429,15 +499,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--backend", required=True, choices=["cpu", "cuda", "mps"])
     p.add_argument("--spec", required=True)
-    p.add_argument("--machine", default="{}", help=MACHINE_HELP)
+    add_machine(p)
     p.add_argument("--repeat", type=int, required=True)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
     p.set_defaults(func=parallelism)
 
+    p = verbs.add_parser("convert-gguf", help="a model to GGUF with llama.cpp's converter")
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--type", required=True, choices=["F16", "Q8_0", "Q4_0"])
+    p.add_argument("--out-dir", required=True, help="writes <out-dir>/<type>.gguf")
+    p.set_defaults(func=convert_gguf)
+
+    p = verbs.add_parser("verify-cost", help="time K+1-token against 1-token passes in llama.cpp")
+    p.add_argument("--gguf", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--device", required=True, choices=["cpu", "cuda"])
+    p.add_argument("--spec", required=True, help="config speculative.parallelism, as JSON")
+    add_machine(p)
+    p.add_argument("--repeat", type=int, required=True)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=verify_cost)
+
+    p = verbs.add_parser("quantized-stats", help="verify cost per type; quantized pairs' rows")
+    p.add_argument("--spec", required=True, help="config stats, as JSON")
+    p.add_argument("--stats", required=True, help="the stats directory (speculative_speedup)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--verify-cost", nargs="*", default=[])
+    p.add_argument("--runs", nargs="*", default=[], help="the quantized pairs' raw runs")
+    p.set_defaults(func=quantized_stats)
+
     p = verbs.add_parser("spec-stats", help="acceptance, speedup, theory, HF peer, parallelism")
     p.add_argument("--spec", required=True)
-    p.add_argument("--stability", required=True, help="config stats.stability, as JSON")
+    p.add_argument("--verdicts", required=True, help="stats/verdicts_speculative.csv")
     p.add_argument("--out", required=True, help="the stats directory")
     p.add_argument("--runs", nargs="+", required=True)
     p.add_argument("--parallelism", nargs="+", required=True)
@@ -448,8 +543,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", required=True, help="the collected sweep runs")
     p.add_argument("--speculative", nargs="*", default=[], help="speculative raw files")
     p.add_argument("--parallelism", nargs="*", default=[], help="parallelism raw files")
+    p.add_argument("--verdicts", nargs=3, required=True, metavar=("SWEEP", "SPECULATIVE",
+                   "PARALLELISM"), help="the verdicts rule's tables of the three studies")
     p.add_argument("--out", required=True, help="the stats directory")
     p.set_defaults(func=stability_tables)
+
+    p = verbs.add_parser("verdicts", help="stable or not, per configuration of one study")
+    p.add_argument("--study", required=True, choices=["sweep", "speculative", "parallelism"])
+    p.add_argument("--spec", required=True, help="config stats.stability, as JSON")
+    p.add_argument("--out", required=True)
+    p.add_argument("runs", nargs="*", help="the study's raw files")
+    p.set_defaults(func=verdicts)
 
     p = verbs.add_parser("remeasure", help="print the noisy jobs' raw files (none: nothing)")
     p.add_argument("--stability", nargs="+", required=True, help="stats/stability.csv files")
@@ -484,7 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ks", type=int, nargs="+", help="instead of the config's speculative.ks")
     p.add_argument("--prompts", type=int, help="instead of the config's speculative.prompts")
     p.add_argument("--budget", type=int, help="instead of the config's speculative.budget")
-    p.add_argument("--machine", default="{}", help=MACHINE_HELP)
+    add_machine(p)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
     p.set_defaults(func=bench, spec=None)
@@ -498,6 +602,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=spec_figures)
+
+    p = verbs.add_parser("quantized-figures", help="draw the quantized backend's figure")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=quantized_figures)
 
     p = verbs.add_parser("settings", help="record the settings the paper states")
     p.add_argument("--spec", required=True)

@@ -8,6 +8,8 @@ The checks raise DecodelabError naming the config key; the .smk files turn it in
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
@@ -112,6 +114,7 @@ class Sweep:
     backends: tuple[str, ...] | None = None
     ablation_models: tuple[str, ...] | None = None
     sdp_backends: tuple[str, ...] | None = None
+    engine: str | None = None  # eager; graph: static-cache CUDA graphs (decodelab.graphs)
 
     @classmethod
     def from_config(cls, section: Mapping, seed: int) -> Sweep:
@@ -126,11 +129,13 @@ class Sweep:
         return {k: v for k, v in asdict(self).items() if k != "seed" and v is not None}
 
     def job_spec(self) -> dict:
-        """One sweep process's settings; `sdp_backends` only when set, so older raw files keep
-        their hash."""
+        """One sweep process's settings; `sdp_backends` and `engine` only when set, so older raw
+        files keep their hash."""
         spec = {key: getattr(self, key) for key in SWEEP_JOB_KEYS}
         if self.sdp_backends is not None:
             spec["sdp_backends"] = self.sdp_backends
+        if self.engine is not None:
+            spec["engine"] = self.engine
         return {**spec, "seed": self.seed}
 
 
@@ -143,17 +148,38 @@ class Pair:
     target_device: str
     draft_device: str
     dtype: str = "float32"
+    # A role in llama.cpp runs that model's GGUF of this quantization type (decodelab.quantized).
+    target_backend: str = "pytorch"
+    draft_backend: str = "pytorch"
+    target_quant: str | None = None
+    draft_quant: str | None = None
+    engine: str = "eager"  # or graph: static-cache CUDA graphs (decodelab.graphs)
 
     @property
     def devices(self) -> set[str]:
         return {self.target_device, self.draft_device}
+
+    def quant(self, role: str) -> str | None:
+        """The GGUF type `role` runs in llama.cpp, None for a PyTorch role."""
+        return getattr(self, f"{role}_quant") if self.backend(role) == "llamacpp" else None
+
+    def backend(self, role: str) -> str:
+        return getattr(self, f"{role}_backend")
 
     @classmethod
     def from_spec(cls, spec: Mapping) -> Pair:
         return build(cls, spec)
 
     def job_spec(self) -> dict:
-        return asdict(self)
+        """The configuration; the backend keys only where set, so that PyTorch pairs keep the
+        hash of the raw files written before them."""
+        spec = asdict(self)
+        for role in ("target", "draft"):
+            if self.backend(role) == "pytorch" and getattr(self, f"{role}_quant") is None:
+                del spec[f"{role}_backend"], spec[f"{role}_quant"]
+        if self.engine == "eager":
+            del spec["engine"]
+        return spec
 
 
 @dataclass(frozen=True)
@@ -207,6 +233,21 @@ class Speculative:
         """The config section as given."""
         return {**self.grid(), "pairs": {n: p.job_spec() for n, p in self.pairs.items()},
                 "repeats": self.repeats, "parallelism": asdict(self.parallelism)}
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """Config 'quantized': the models converted to GGUF for llama.cpp (decodelab.quantized),
+    each type's verify cost (time on K+1 tokens over 1, with 'speculative.parallelism') on each
+    device; the speculative pairs may name more models and types."""
+
+    models: tuple[str, ...] = ()
+    types: tuple[str, ...] = ("F16", "Q8_0", "Q4_0")
+    devices: tuple[str, ...] = ("cpu",)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> Quantized:
+        return build(cls, spec)
 
 
 @dataclass(frozen=True)
@@ -363,6 +404,7 @@ class Settings:
     stats: Confidence
     stability: Stability
     machine: Machine
+    quantized: Quantized = Quantized()
 
     @classmethod
     def from_config(cls, config: Mapping) -> Settings:
@@ -379,7 +421,8 @@ class Settings:
             regimes=Regimes.from_config(config["regimes"]),
             stats=Confidence.from_spec(stats),
             stability=Stability.from_spec(config["stats"]["stability"]),
-            machine=Machine.from_spec(config["machine"]))
+            machine=Machine.from_spec(config["machine"]),
+            quantized=Quantized.from_spec(config.get("quantized", {})))
 
     def paper_settings(self, host: str) -> dict:
         """The settings the paper states. The sweep's keys sit at the top level, where a
@@ -419,6 +462,8 @@ class Settings:
             need(pair.draft, spec_tokens, spec_why)
             need(pair.target, spec_tokens, spec_why)
             need(pair.target, par.context + par_k + 1, par_why)  # only targets are timed
+        for name in self.quantized.models:
+            need(name, par.context + par_k + 1, par_why)
         return needs
 
 
@@ -451,6 +496,85 @@ def check_model_names(settings: Settings) -> None:
     for name in sweep.ablation_models or ():
         if name not in sweep.models:
             raise DecodelabError(f"config 'sweep.ablation_models': {name!r} is not in sweep.models")
+
+
+# The families here that llama.cpp's converter has a class for (it has none for OPT), and the
+# GGUF types the pipeline makes.
+CONVERTIBLE = ("gpt2", "bloom")
+QUANT_TYPES = ("F16", "Q8_0", "Q4_0")
+
+
+def model_family(spec: Mapping) -> str | None:
+    """A model's architecture family as far as the DAG can know it: None for `hf` (its
+    conversion job names the architecture if the converter refuses it)."""
+    if spec["source"] == "init":
+        return PRESETS[spec["preset"]][0]
+    if spec["source"] == "train":
+        return spec.get("arch", "gpt2")
+    if spec["source"] == "local":
+        config_json = Path(spec["path"]).expanduser() / "config.json"
+        return json.loads(config_json.read_text()).get("model_type")
+    return None
+
+
+def unconvertible(name: str, spec: Mapping) -> str | None:
+    """Why llama.cpp's converter cannot take a model, None when it can (or cannot be told)."""
+    family = model_family(spec)
+    if family is None or family in CONVERTIBLE:
+        return None
+    return (f"model {name}: llama.cpp's converter has no class for the {family} architecture "
+            f"(it converts {', '.join(CONVERTIBLE)} here)")
+
+
+def quantized_plan(settings: Settings, backends: Iterable[str]) -> dict:
+    """What the quantized study runs here: `verify` (model, type, device) for the verify cost,
+    `convert` (model, type) for every GGUF that it and the llama.cpp pair roles need, and
+    `skipped` (model, reason) for the models of config 'quantized.models' that cannot be
+    converted."""
+    q = settings.quantized
+    skipped = [(m, why) for m in q.models if (why := unconvertible(m, settings.models[m]))]
+    models = [m for m in q.models if m not in dict(skipped)]
+    verify = [(m, t, d) for m in models for t in q.types for d in q.devices if d in backends]
+    roles = {(getattr(p, role), p.quant(role)) for p in settings.speculative.pairs.values()
+             for role in ("target", "draft") if p.quant(role)}
+    return {"verify": verify, "skipped": skipped,
+            "convert": sorted({(m, t) for m, t, _ in verify} | roles)}
+
+
+def check_quantized(settings: Settings) -> None:
+    """A llama.cpp role names its GGUF type and runs on the CPU or CUDA; a PyTorch one names
+    none; config 'quantized' names known models."""
+    for name in settings.quantized.models:
+        if name not in settings.models:
+            raise DecodelabError(f"config 'quantized.models': no model named {name!r} in 'models'")
+    for name, pair in settings.speculative.pairs.items():
+        for role in ("target", "draft"):
+            key = f"speculative.pairs.{name}.{role}"
+            quant, device = getattr(pair, f"{role}_quant"), getattr(pair, f"{role}_device")
+            if pair.backend(role) == "llamacpp" and quant is None:
+                raise DecodelabError(f"config '{key}_quant': {role}_backend llamacpp needs the "
+                                     "GGUF type to run (F16, Q8_0 or Q4_0)")
+            if pair.backend(role) == "pytorch" and quant is not None:
+                raise DecodelabError(f"config '{key}_quant': {quant!r} is set but the {role} "
+                                     f"runs in PyTorch; set {role}_backend: llamacpp")
+            if quant and (why := unconvertible(getattr(pair, role), settings.models[
+                    getattr(pair, role)])):
+                raise DecodelabError(f"config '{key}_backend': {why}")
+            if pair.backend(role) == "llamacpp" and device == "mps":
+                raise DecodelabError(f"config '{key}_device': llama.cpp roles run on cpu or "
+                                     "cuda here (Metal is llama.cpp's own build on a Mac)")
+
+
+def check_engines(settings: Settings) -> None:
+    """The graph engine captures CUDA graphs: every device it runs on must be CUDA."""
+    runs = [(f"speculative.pairs.{name}.engine", pair.engine, pair.devices)
+            for name, pair in settings.speculative.pairs.items()]
+    runs.append(("sweep.engine", settings.sweep.engine,
+                 set(settings.sweep.backends or settings.backends)))
+    for key, engine, devices in runs:
+        if engine == "graph" and devices != {"cuda"}:
+            raise DecodelabError(f"config '{key}': engine 'graph' needs CUDA devices only "
+                                 f"(here: {', '.join(sorted(devices))}); use 'eager'")
 
 
 def check_verification_pairs(settings: Settings) -> None:
@@ -629,3 +753,13 @@ def bench_settings(path: str | Path, pair: str, ks: list[int] | None = None,
     return study.pairs[pair], replace(study, modes=("greedy",), hf_assisted=True,
                                       ks=tuple(ks or study.ks), prompts=prompts or study.prompts,
                                       budget=budget or study.budget)
+
+
+PREFLIGHT_ENV = "DECODELAB_MACHINE"
+
+
+def export_preflight(settings: Settings) -> None:
+    """Every timing job's pre-flight settings (decodelab.machine.preflight) in the environment
+    the jobs inherit, not a rule param: they change nothing that is measured, so changing them
+    reruns no job."""
+    os.environ[PREFLIGHT_ENV] = json.dumps(settings.machine.job_spec(), sort_keys=True)

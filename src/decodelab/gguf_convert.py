@@ -17,9 +17,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from .config import QUANT_TYPES
 from .errors import DecodelabError
 
-TYPES = ("F16", "Q8_0", "Q4_0")
 TOOLS = "make quantized-tools"
 
 
@@ -131,17 +131,17 @@ def quantize(f16: Path, out: Path, qtype: str) -> Path:
     return out
 
 
-def gguf_path(model_dir: Path, qtype: str) -> Path:
-    """results/models/<model>/gguf/<type>.gguf"""
-    return Path(model_dir) / "gguf" / f"{qtype}.gguf"
+def gguf_path(out_dir: str | Path, qtype: str) -> Path:
+    """<out_dir>/<type>.gguf; the DAG's out_dir is results/gguf/<model>/ (beside, not inside,
+    prepare_model's directory output)."""
+    return Path(out_dir) / f"{qtype}.gguf"
 
 
-def convert(model_dir: str | Path, qtype: str) -> Path:
-    """The `qtype` GGUF of `model_dir` (F16 first, made when missing)."""
-    if qtype not in TYPES:
-        raise DecodelabError(f"quantization type {qtype!r} is not one of {list(TYPES)}")
-    model_dir = Path(model_dir)
-    f16 = gguf_path(model_dir, "F16")
+def convert(model_dir: str | Path, qtype: str, out_dir: str | Path) -> Path:
+    """The `qtype` GGUF of `model_dir` in `out_dir` (its F16 first, made when missing)."""
+    if qtype not in QUANT_TYPES:
+        raise DecodelabError(f"quantization type {qtype!r} is not one of {list(QUANT_TYPES)}")
+    f16 = gguf_path(out_dir, "F16")
     if not f16.is_file():
-        convert_f16(model_dir, f16)
-    return f16 if qtype == "F16" else quantize(f16, gguf_path(model_dir, qtype), qtype)
+        convert_f16(Path(model_dir), f16)
+    return f16 if qtype == "F16" else quantize(f16, gguf_path(out_dir, qtype), qtype)

@@ -38,7 +38,7 @@ from .io import write_table
 from .names import check_name
 
 COPIED = ("stats", "figures", "verification", "runs.parquet", "settings.json")  # what is imported
-RESERVED = ("reference", "combined", "paper", "models", "bench")  # results/<x> not a host
+RESERVED = ("reference", "combined", "paper", "models", "bench", "gguf")  # results/<x> not a host
 MANIFEST = "IMPORTED.json"
 # Tables whose rows are host-independent (the same models, closed forms, Monte Carlo): one
 # copy, the local host's, rather than one per host.

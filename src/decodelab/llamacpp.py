@@ -18,10 +18,9 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-import pandas as pd
 import torch
 
-from . import study
+from . import models
 from .errors import DecodelabError
 from .gguf_convert import llama_cpp_version
 
@@ -52,17 +51,29 @@ class Cache:
 
 
 class Engine:
-    def __init__(self, path: str | Path, n_ctx: int = 0, threads: int | None = None):
+    """`device` is where llama.cpp computes (cuda: every layer offloaded, which needs a CUDA
+    build); the logits always come back to the CPU, which is the engine's torch device."""
+
+    def __init__(self, path: str | Path, n_ctx: int = 0, threads: int | None = None,
+                 device: str = "cpu"):
         path = Path(path)
         if not path.is_file():
             raise DecodelabError(f"GGUF file {path} does not exist")
-        try:
-            self.llm = llama_cpp().Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False,
-                                         n_threads=threads or os.cpu_count())
+        lib = llama_cpp()
+        if device == "cuda" and not lib.llama_supports_gpu_offload():
+            raise DecodelabError(f"llama-cpp-python here is a CPU build and cannot run {path} on "
+                                 "cuda; build it with CMAKE_ARGS=-DGGML_CUDA=on "
+                                 "(scripts/quantized_cuda.sh)")
+        threads = threads or os.cpu_count()
+        try:  # one thread count for both: llama.cpp takes n_threads_batch for passes of > 1 token
+            self.llm = lib.Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False,
+                                 n_threads=threads, n_threads_batch=threads,
+                                 n_gpu_layers=-1 if device == "cuda" else 0)
         except (ValueError, RuntimeError) as err:
             raise DecodelabError(f"llama.cpp could not load GGUF file {path} ({err})") from None
         self.name_or_path = str(path)
         self.dtype = path.stem  # F16, Q8_0, Q4_0: what require_finite names
+        self.compute_device = device
         self.config = SimpleNamespace(vocab_size=self.llm.n_vocab())
         self.device = torch.device("cpu")
 
@@ -92,10 +103,14 @@ class Engine:
 
 
 def build_info() -> dict[str, str]:
-    """What the fingerprint records of the llama.cpp build."""
+    """What the fingerprint records of the llama.cpp build: its version, what llama.cpp says
+    it was built with (CPU features; CUDA and its architectures), and the CMake flags where the
+    build script states them ($DECODELAB_LLAMA_CMAKE_ARGS)."""
     lib = llama_cpp()
     return {"llama_cpp_python": llama_cpp_version(),
-            "llama_cpp_system": lib.llama_print_system_info().decode().strip()}
+            "llama_cpp_system": lib.llama_print_system_info().decode().strip(),
+            "llama_cpp_gpu_offload": bool(lib.llama_supports_gpu_offload()),
+            "llama_cpp_cmake_args": os.environ.get("DECODELAB_LLAMA_CMAKE_ARGS", "")}
 
 
 def backend_label(qtype: str, device: str = "cpu") -> str:
@@ -103,12 +118,17 @@ def backend_label(qtype: str, device: str = "cpu") -> str:
     return f"llama.cpp-{qtype}-{device}"
 
 
-def verify_cost(engine: Engine, ks: list[int], context: int, inner: int, seed: int
-                ) -> pd.DataFrame:
-    """Time on K+1 tokens over time on 1 token at the same context: `study.parallelism`'s
-    measurement and rows, on the engine."""
-    return study.parallelism(engine, ks, context, inner, seed).assign(
-        backend=backend_label(engine.dtype), quantization=engine.dtype, **build_info())
+def load_role(model_dir: str | Path, pair: dict, role: str):
+    """A speculative configuration's `role` model: its GGUF (`<role>_gguf`) in llama.cpp where
+    `<role>_backend` is llamacpp, else the Hugging Face model in PyTorch."""
+    device = pair[f"{role}_device"]
+    if pair.get(f"{role}_backend") == "llamacpp":
+        return Engine(pair[f"{role}_gguf"], device=device)
+    return models.load(model_dir, device, pair["dtype"], role=role)
+
+
+def quantized_roles(pair: dict) -> list[str]:
+    return [role for role in ("target", "draft") if pair.get(f"{role}_backend") == "llamacpp"]
 
 
 def first_divergence(ours: list[int], reference: list[int]) -> int | None:
@@ -124,3 +144,4 @@ def margin(engine: Engine, prefix: list[int]) -> float:
     logits = engine(torch.tensor([prefix]), past_key_values=engine.new_cache()).logits[0, -1]
     top = logits.topk(2).values
     return float(top[0] - top[1])
+

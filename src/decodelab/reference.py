@@ -119,8 +119,10 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
                            "spec_speedup", "speedup"))
     acceptance = read(stats_dir, "speculative_acceptance")
     if len(acceptance):
-        parts.append(frame(acceptance[["pair", "mode", "k", "acceptance"]]
-                           .assign(models=pair_models), "acceptance", "acceptance"))
+        # accepted / proposed; tables from before #18 name it `acceptance`
+        acceptance = acceptance.rename(columns={"acceptance": "proposal_acceptance"})
+        parts.append(frame(acceptance[["pair", "mode", "k", "proposal_acceptance"]]
+                           .assign(models=pair_models), "acceptance", "proposal_acceptance"))
     parallelism = read(stats_dir, "speculative_parallelism")
     if len(parallelism):
         rows = parallelism.rename(columns={"context": "prompt_len"})
@@ -154,9 +156,15 @@ def devices(stats_dir: Path) -> dict[str, str]:
     return dict(zip(env["backend"].astype(str), env["device_name"].astype(str), strict=True))
 
 
+def pair_backends(pair: str) -> list[str]:
+    """[draft device, target device] of a pair named `<draft>-<target>` or
+    `<target model>.<draft>-<target>` (the model's name may hold '-' and '.': gpt2-xl, opt-1.3b)."""
+    return pair.rsplit(".", 1)[-1].split("-")
+
+
 def row_device(row: pd.Series, by_backend: dict[str, str]) -> str:
     """The device of a row's backend, or of both devices of its pair."""
-    backends = [row["backend"]] if row["backend"] else str(row["pair"]).split("-")
+    backends = [row["backend"]] if row["backend"] else pair_backends(str(row["pair"]))
     return " / ".join(dict.fromkeys(by_backend.get(b, "") for b in backends if b))
 
 

@@ -7,9 +7,20 @@ index of the raw runs, one OS process each) are split: the odd repeats choose th
 repeats (the larger half) estimate it, with a percentile bootstrap over their processes,
 expanded for their small number (`expanded`). The noise that made a configuration win is not in
 the processes that measure it, so the estimate is unbiased and its interval keeps its coverage.
-A best is `distinguishable` when its interval excludes 1. A half of fewer than MIN_PER_HALF
-processes estimates nothing (the default config's 3 processes and the paper profile's 5 are too
-few): the row says so and is not distinguishable.
+A best is `distinguishable` when its interval excludes 1.
+
+Few processes (fewer than MIN_PER_HALF per half: the default config's 3, the paper profile's
+5): the split is made inside every process instead, over its cells of identical configuration
+(the prompts of the speculative study, the inner repeats of a sweep): the odd cells choose,
+the even ones estimate, and the bootstrap resamples (process, cell) units. Its independence is
+weaker, and the row says which split it used: cells of one process share that process's state,
+so a configuration that ran slow all through one process is slow in both halves. What makes a
+winner among configurations of equal truth is mostly noise of each measurement (a prompt's
+acceptance luck, a hiccup during one decode), which the halves do not share; the synthetic
+tests (tests/test_selection.py) plant a per-process factor as well, and the null still gives
+"not distinguishable" in 95% of builds. The alternative, raising the default's processes to 8,
+costs 5 more jobs of every sweep and of the speculative study. Fewer estimating units than
+MIN_PER_HALF estimate nothing: the row says so and is not distinguishable.
 
     selection.csv  one row per quoted best: speculative_best (pair and K in the headline mode,
                    speedup over autoregressive decoding), kv_best (cache-off over cache-on total
@@ -28,7 +39,7 @@ from scipy import stats as st
 
 from .config import Confidence
 from .regimes import repeat_ratios
-from .stats import bootstrap_ci, median_ratio, per_process
+from .stats import GRID, METRICS, bootstrap_ci, median_ratio, per_process
 
 # Processes per half, at least. A ratio of medians of three processes against three cannot be
 # told from 1 at 95%: even the whole range of its bootstrap excludes 1 when every process of one
@@ -55,6 +66,36 @@ def words(repeats: list[int]) -> str:
     return f"processes {', '.join(map(str, repeats))}" if repeats else "no process"
 
 
+def cell_words(cells: list[int], cell: str, processes: int) -> str:
+    return f"{cell}s {', '.join(map(str, cells))} of each of {processes} processes"
+
+
+def by_process(rows: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+    """One row per process and configuration (the median over its cells)."""
+    if "cell" not in rows:
+        return rows
+    return rows.groupby([*keys, "repeat"], as_index=False)[value].median()
+
+
+def split(rows: pd.DataFrame, keys: list[str], value: str, cell: str
+          ) -> tuple[pd.DataFrame, pd.DataFrame, str, str] | str:
+    """(choosing rows, estimating rows, their words): odd and even processes when both halves
+    have MIN_PER_HALF, else odd and even cells of every process (the module says why); a
+    reason when neither can estimate."""
+    choosing, estimating = halves(rows["repeat"])
+    if not too_few(choosing, estimating):
+        per = by_process(rows, keys, value)
+        return (per[per["repeat"].isin(choosing)], per[per["repeat"].isin(estimating)],
+                words(choosing), words(estimating))
+    if "cell" in rows:
+        odd, even = halves(rows["cell"])
+        processes = rows["repeat"].nunique()
+        if odd and processes * len(even) >= MIN_PER_HALF:
+            return (rows[rows["cell"].isin(odd)], rows[rows["cell"].isin(even)],
+                    cell_words(odd, cell, processes), cell_words(even, cell, processes))
+    return too_few(choosing, estimating)
+
+
 def too_few(choosing: list[int], estimating: list[int]) -> str:
     """Why this split estimates nothing, '' when both halves are large enough."""
     if min(len(choosing), len(estimating)) >= MIN_PER_HALF:
@@ -74,16 +115,16 @@ def expanded(ci: Confidence, n: int) -> Confidence:
 
 
 def selected(claim: str, label: str, statistic: Callable, samples: tuple[np.ndarray, ...],
-             naive: float, split: tuple[list[int], list[int]], ci: Confidence) -> dict:
-    """The row of a best chosen on split[0]: `statistic` of the samples of split[1]."""
+             naive: float, halves_words: tuple[str, str], ci: Confidence) -> dict:
+    """The row of a best chosen on one half: `statistic` of the samples of the other."""
     n = min(len(s) for s in samples)
     if n < MIN_PER_HALF:
-        return unsplit(claim, label, naive, f"{n} of the estimating processes measured the "
+        return unsplit(claim, label, naive, f"{n} of the estimating units measured the "
                        f"chosen configuration, fewer than {MIN_PER_HALF}")
     low, high = bootstrap_ci(statistic, samples, expanded(ci, n))
     apart = bool(low > 1 or high < 1)
-    return {"claim": claim, "label": label, "selected_on": words(split[0]),
-            "estimated_on": words(split[1]), "estimate": float(statistic(*samples)),
+    return {"claim": claim, "label": label, "selected_on": halves_words[0],
+            "estimated_on": halves_words[1], "estimate": float(statistic(*samples)),
             "ci_low": low, "ci_high": high, "n": n, "distinguishable": apart, "naive": naive,
             "reason": "" if apart else "interval includes 1"}
 
@@ -96,23 +137,26 @@ def unsplit(claim: str, label: str, naive: float, reason: str) -> dict:
 
 
 def choose(claim: str, values: Callable[[pd.DataFrame], pd.Series], label: Callable,
-           samples: Callable, statistic: Callable, rows: pd.DataFrame, ci: Confidence
-           ) -> dict | None:
-    """Choose the configuration with the largest `values` on the odd processes of `rows` and
-    estimate `statistic` of its `samples` on the even ones; None when nothing was measured."""
-    everything = values(rows).dropna()
+           samples: Callable, statistic: Callable, rows: pd.DataFrame, ci: Confidence,
+           unit: tuple[list[str], str, str]) -> dict | None:
+    """Choose the configuration with the largest `values` on one half of `rows` and estimate
+    `statistic` of its `samples` on the other (`split`); None when nothing was measured.
+    `unit`: the configuration's keys, the value column and what a cell is called."""
+    keys, value, cell = unit
+    everything = values(by_process(rows, keys, value)).dropna()
     if not len(everything):
         return None
     naive = float(everything.max())
-    split = halves(rows["repeat"])
-    if reason := too_few(*split):
-        return unsplit(claim, label(everything.idxmax()), naive, reason)
-    choosing = values(rows[rows["repeat"].isin(split[0])]).dropna()
+    found = split(rows, keys, value, cell)
+    if isinstance(found, str):
+        return unsplit(claim, label(everything.idxmax()), naive, found)
+    choosing_rows, estimating, *halves_words = found
+    choosing = values(choosing_rows).dropna()
     if not len(choosing):
         return unsplit(claim, label(everything.idxmax()), naive, "no value on the choosing half")
     best = choosing.idxmax()
-    estimating = rows[rows["repeat"].isin(split[1])]
-    return selected(claim, label(best), statistic, samples(estimating, best), naive, split, ci)
+    return selected(claim, label(best), statistic, samples(estimating, best), naive,
+                    tuple(halves_words), ci)
 
 
 # -----------------------------------------------------------------------------
@@ -172,13 +216,24 @@ def spec_samples(proc: pd.DataFrame, key: tuple) -> tuple[np.ndarray, np.ndarray
             .to_numpy(float))
 
 
+SPEC_KEYS = ["pair", "method", "mode", "k"]
+
+
+def spec_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """The speculative raw runs as one total time per process, configuration and prompt
+    (`cell`)."""
+    return (runs.groupby([*SPEC_KEYS, "repeat", "prompt"], as_index=False)["total_s"].median()
+            .rename(columns={"prompt": "cell"}))
+
+
 def speculative_best(proc: pd.DataFrame, ci: Confidence) -> dict | None:
-    """`proc` is `stats.spec_per_process` of the speculative raw runs."""
+    """`proc`: `spec_cells` of the speculative raw runs (or per-process times, as
+    `stats.spec_per_process` gives them)."""
     if not len(proc):
         return None
     return choose("speculative_best", best_spec,
                   lambda key: f"{key[0]}, {key[1]}, K = {int(key[2])}", spec_samples,
-                  median_ratio, proc, ci)
+                  median_ratio, proc, ci, (SPEC_KEYS, "total_s", "prompt"))
 
 
 # -----------------------------------------------------------------------------
@@ -204,12 +259,22 @@ def kv_label(key: tuple) -> str:
     return f"{backend}, {model}, {dtype}, prompt {int(prompt_len)}, budget {int(budget)}"
 
 
+def sweep_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per process, configuration and inner repeat (`cell`); per process where the
+    rows do not say their inner repeat."""
+    if "inner" not in runs:
+        return per_process(runs)
+    return (runs.groupby([*GRID, "repeat", "inner"], as_index=False)[METRICS].median()
+            .rename(columns={"inner": "cell"}))
+
+
 def kv_best(runs: pd.DataFrame, ci: Confidence) -> dict | None:
     """`runs` is the collected sweep rows (runs.parquet)."""
-    ablation = per_process(runs[runs["experiment"] == "ablation"])
+    ablation = sweep_cells(runs[runs["experiment"] == "ablation"])
     if not len(ablation):
         return None
-    return choose("kv_best", kv_speedups, kv_label, kv_samples, median_ratio, ablation, ci)
+    return choose("kv_best", kv_speedups, kv_label, kv_samples, median_ratio, ablation, ci,
+                  ([*KV_KEYS, "use_cache"], "total_s", "inner repeat"))
 
 
 # -----------------------------------------------------------------------------
@@ -218,10 +283,11 @@ def kv_best(runs: pd.DataFrame, ci: Confidence) -> dict | None:
 def trend_ratios(runs: pd.DataFrame, window: int, threshold: float) -> pd.DataFrame:
     """Per cache-on sweep configuration, budget and process: total latency over its local
     trend, as the spike rule computes it (`regimes.repeat_ratios`)."""
-    on = per_process(runs[(runs["experiment"] == "sweep") & runs["use_cache"]])
+    on = sweep_cells(runs[(runs["experiment"] == "sweep") & runs["use_cache"]])
     if not len(on):
         return pd.DataFrame(columns=[*REGIME_BY, "budget", "repeat", "ratio"])
-    return repeat_ratios(on, "total_s", REGIME_BY, window=window, threshold=threshold)
+    by = [*REGIME_BY, "cell"] if "cell" in on else REGIME_BY  # a curve per inner repeat
+    return repeat_ratios(on, "total_s", by, window=window, threshold=threshold)
 
 
 def median_ratios(ratios: pd.DataFrame) -> pd.Series:
@@ -246,7 +312,8 @@ def spike_largest(runs: pd.DataFrame, window: int, threshold: float, ci: Confide
     if not len(ratios):
         return None
     return choose("spike_largest", median_ratios, spike_label, ratio_samples, np.median,
-                  ratios.dropna(subset=["ratio"]), ci)
+                  ratios.dropna(subset=["ratio"]), ci,
+                  ([*REGIME_BY, "budget"], "ratio", "inner repeat"))
 
 
 def selection_table(runs: pd.DataFrame, spec_proc: pd.DataFrame, regimes: dict,

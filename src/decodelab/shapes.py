@@ -34,12 +34,16 @@ PRESETS: dict[str, tuple[str, dict]] = {
     "opt-tiny": ("opt", dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
                              ffn_dim=1024, word_embed_proj_dim=256, vocab_size=8192)),
     "bloom-tiny": ("bloom", dict(n_layer=4, hidden_size=256, n_head=4, vocab_size=8192)),
+    "llama-tiny": ("llama", dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=768, vocab_size=8192)),
 }
 # Vocabulary sizes of the published tokenizers, used when a preset does not override them.
-VOCAB = {"gpt2": 50257, "opt": 50272, "bloom": 250880}
+VOCAB = {"gpt2": 50257, "opt": 50272, "bloom": 250880, "llama": 32000}
 # The position tables of transformers' config classes, which no preset overrides (BLOOM's ALiBi
-# has none); tests/test_models.py checks them against transformers.
-POSITIONS = {"gpt2": 1024, "opt": 2048, "bloom": None}
+# and Llama's RoPE have none); tests/test_models.py checks them against transformers.
+POSITIONS = {"gpt2": 1024, "opt": 2048, "bloom": None, "llama": None}
+# Families whose positions are computed (RoPE): their max_position_embeddings is no table.
+ROTARY = {"llama"}
 
 
 def check_preset(preset: str) -> str:
@@ -54,7 +58,10 @@ def preset_positions(preset: str) -> int | None:
 
 
 def max_positions(config) -> int | None:
-    """Rows of a learned position table; None for position schemes without a limit (ALiBi)."""
+    """Rows of a learned position table; None for position schemes without a limit (ALiBi,
+    RoPE)."""
+    if getattr(config, "model_type", None) in ROTARY:
+        return None
     for key in ("n_positions", "max_position_embeddings"):
         if getattr(config, key, None):
             return int(getattr(config, key))

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, BloomConfig, GPT2Config, OPTConfig
+from transformers import AutoModelForCausalLM, BloomConfig, GPT2Config, LlamaConfig, OPTConfig
 
 from .errors import DecodelabError
 from .models import (
@@ -23,7 +23,8 @@ from .names import check_name
 from .shapes import PRESETS, VOCAB, check_preset, declared_positions, position_overrun
 from .train import prepare_train
 
-CONFIG_CLASSES = {"gpt2": GPT2Config, "opt": OPTConfig, "bloom": BloomConfig}
+CONFIG_CLASSES = {"gpt2": GPT2Config, "opt": OPTConfig, "bloom": BloomConfig,
+                  "llama": LlamaConfig}
 
 
 def preset_config(preset: str):

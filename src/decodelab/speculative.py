@@ -4,10 +4,19 @@ and both caches roll back to the accepted prefix.
 
 Draft and target may sit on different devices. Token ids cross between them; in sampled mode the
 draft's K probability rows cross too, because the rejection rule compares p with q.
+
+One host sync per iteration: the accept count (and the tokens it keeps) must reach the host to
+extend the sequence and roll the caches back. Forward passes are timed without more (`Spans`),
+so the time outside them, the engine's own overhead, is measured, not guessed. `autoregressive`
+is the target alone in the same machinery: the speculative study's fair baseline.
 """
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -19,29 +28,49 @@ from .devices import now
 from .errors import DecodelabError
 from .models import require_finite
 from .sampling import greedy_accept, sample, speculative_accept, warp
+from .theory import alpha_of_calls
 
 
 @dataclass
 class Result:
     tokens: list[int]
     accepted: list[int] = field(default_factory=list)  # per target call
+    proposals: list[int] = field(default_factory=list)  # per target call: K, fewer at the end
     proposed: int = 0
     draft_forwards: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
+    draft_s: float = 0.0  # inside the draft's forward passes
+    verify_s: float = 0.0  # inside the target's forward passes
     total_s: float = 0.0
+    prefill_s: float = 0.0  # inside the target's first forward pass (the prompt)
 
     @property
     def target_calls(self) -> int:
         return len(self.accepted)
 
     @property
-    def acceptance_rate(self) -> float:
+    def proposal_acceptance(self) -> float:
+        """Accepted / proposed draft tokens: falls with K even at a constant per-token alpha,
+        since the proposals after a rejection are never looked at."""
         return sum(self.accepted) / self.proposed if self.proposed else float("nan")
 
     @property
     def tokens_per_call(self) -> float:
         return len(self.tokens) / self.target_calls if self.target_calls else float("nan")
+
+    def alpha(self, k: int) -> float:
+        """Per-token acceptance (Leviathan et al.) inferred from tokens per call of the calls
+        that proposed all k tokens (those near the budget's end propose fewer)."""
+        return alpha_of_calls(self.accepted, self.proposals, k)
+
+    @property
+    def overhead_s(self) -> float:
+        """Wall time outside every forward pass: sampling, acceptance, rollback, transfers,
+        Python."""
+        return self.total_s - self.draft_s - self.verify_s
+
+    @property
+    def overhead_share(self) -> float:
+        return self.overhead_s / self.total_s if self.total_s > 0 else float("nan")
 
 
 def check_vocab(target, draft) -> None:
@@ -61,6 +90,44 @@ def feed(model, cache: DynamicCache, ids: torch.Tensor) -> torch.Tensor:
     return out.logits[0].float()
 
 
+class Spans:
+    """Time inside forward passes, per role, without a host sync per pass: CUDA events read once
+    at the end on a GPU; elsewhere the host clock, synchronized after the pass (a no-op on the
+    CPU, where a pass is done when it returns)."""
+
+    def __init__(self):
+        self.spans: dict[str, list] = defaultdict(list)
+
+    @contextmanager
+    def span(self, role: str, device: torch.device) -> Iterator[None]:
+        if device.type == "cuda":
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            yield
+            end.record()
+            self.spans[role].append((start, end))
+        else:
+            t = time.perf_counter()
+            yield
+            self.spans[role].append(now(device) - t)
+
+    def feed(self, role: str, model, cache: DynamicCache, ids: torch.Tensor) -> torch.Tensor:
+        with self.span(role, ids.device):
+            return feed(model, cache, ids)
+
+    def seconds(self, role: str, first: int = 0) -> float:
+        """Summed time of the role's passes from the `first` on; call after the last timestamp."""
+        return sum(span_seconds(s) for s in self.spans[role][first:])
+
+
+def span_seconds(span) -> float:
+    if isinstance(span, float):
+        return span
+    start, end = span
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
 def rollback(cache: DynamicCache, keep: int) -> None:
     # crop(-n) drops n tokens in transformers 5; crop(0) would empty a 4.x cache, so never call it.
     extra = cache.get_seq_length() - keep
@@ -73,8 +140,15 @@ def pending(seq: list[int], cache: DynamicCache, device) -> torch.Tensor:
     return torch.tensor(seq[cache.get_seq_length():], device=device)
 
 
+def draw(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token ([1], on the logits' device, no host sync) and the distribution it came from."""
+    q = warp(logits, s.temperature, s.top_k, s.top_p)
+    return (q.argmax(-1, keepdim=True) if s.greedy else sample(q, generator).reshape(1)), q
+
+
 def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
-            generator: torch.Generator | None
+            generator: torch.Generator | None, spans: Spans | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """K draft tokens, the distributions they were drawn from ([K], [K, V]), and the draft's
     logits for the first of them ([V]; None when K = 0)."""
@@ -82,24 +156,26 @@ def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
         vocab = draft.get_output_embeddings().out_features
         return (torch.empty(0, dtype=torch.long, device=ids.device),
                 torch.empty(0, vocab, device=ids.device), None)
+    spans = spans or Spans()
     tokens, probs = [], []
-    logits = first = feed(draft, cache, ids)[-1]
+    logits = first = spans.feed("draft", draft, cache, ids)[-1]
     for i in range(k):
-        q = warp(logits, s.temperature, s.top_k, s.top_p)
-        token = q.argmax(-1, keepdim=True) if s.greedy else sample(q, generator).reshape(1)
+        token, q = draw(logits, s, generator)
         tokens.append(token)
         probs.append(q)
         if i < k - 1:
-            logits = feed(draft, cache, token)[-1]
+            logits = spans.feed("draft", draft, cache, token)[-1]
     return torch.cat(tokens), torch.stack(probs), first
 
 
 def verify(target, cache: DynamicCache, ids: torch.Tensor, draft_tokens: torch.Tensor,
            draft_probs: torch.Tensor, s: Sampling, generator: torch.Generator | None,
-           accept=speculative_accept) -> tuple[int, int, torch.Tensor]:
+           accept=speculative_accept, spans: Spans | None = None
+           ) -> tuple[int, int, torch.Tensor]:
     """(accepted draft tokens, the next token, the target's logits at the K+1 positions)."""
     k = len(draft_tokens)
-    logits = feed(target, cache, torch.cat([ids, draft_tokens]))[-(k + 1):]
+    logits = (spans or Spans()).feed("target", target, cache,
+                                     torch.cat([ids, draft_tokens]))[-(k + 1):]
     if s.greedy:
         return (*greedy_accept(logits, draft_tokens), logits)
     p = warp(logits, s.temperature, s.top_k, s.top_p)
@@ -132,30 +208,56 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     t_cache, d_cache = new_cache(target), new_cache(draft)
     seq = list(prompt)
     out = Result(tokens=[])
+    spans = Spans()
     kept = {"target": [], "draft": []}  # first and latest logits, checked after timing
     now(d_dev)
     start = now(t_dev)
     while len(seq) - len(prompt) < budget:
         k_now = min(k, budget - (len(seq) - len(prompt)) - 1)  # never emit past the budget
-        t0 = now(d_dev)
         draft_tokens, draft_probs, draft_logits = propose(
-            draft, d_cache, pending(seq, d_cache, d_dev), k_now, s, draft_generator)
-        t1 = now(d_dev)
+            draft, d_cache, pending(seq, d_cache, d_dev), k_now, s, draft_generator, spans)
         draft_tokens = draft_tokens.to(t_dev)
         n, nxt, target_logits = verify(target, t_cache, pending(seq, t_cache, t_dev),
-                                       draft_tokens, draft_probs, s, target_generator, accept)
-        t2 = now(t_dev)
+                                       draft_tokens, draft_probs, s, target_generator, accept,
+                                       spans)
         keep_ends(kept["target"], target_logits)
         keep_ends(kept["draft"], draft_logits)
-        seq += draft_tokens[:n].tolist() + [nxt]
+        seq += draft_tokens[:n].tolist() + [nxt]  # ready: `accept` synchronized for n
         rollback(t_cache, len(seq) - 1)
         rollback(d_cache, len(seq) - 1)
         out.accepted.append(n)
+        out.proposals.append(k_now)
         out.proposed += k_now
         out.draft_forwards += k_now
-        out.draft_s += t1 - t0
-        out.verify_s += t2 - t1
+    now(d_dev)
     out.total_s = now(t_dev) - start
     check_finite({"target": target, "draft": draft}, kept)
+    out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
+    out.prefill_s = spans.seconds("target") - spans.seconds("target", first=1)
     out.tokens = seq[len(prompt):]
+    return out
+
+
+@torch.inference_mode()
+def autoregressive(model, prompt: list[int], budget: int, s: Sampling = GREEDY,
+                   generator: torch.Generator | None = None) -> Result:
+    """Exactly `budget` tokens from `model` alone, in the machinery of `generate` (`feed`, its
+    cache, `draw`, `Spans`), synchronized only at the start and the end: the baseline that
+    speculative decoding must beat. One target call per token, nothing proposed."""
+    device = device_of(model)
+    cache = new_cache(model)
+    spans = Spans()
+    start = now(device)
+    logits = first = spans.feed("target", model, cache, torch.tensor(prompt, device=device))[-1]
+    tokens = []
+    for i in range(budget):
+        token, _ = draw(logits, s, generator)
+        tokens.append(token)
+        if i < budget - 1:
+            logits = spans.feed("target", model, cache, token)[-1]
+    out = Result(tokens=torch.cat(tokens).tolist(), accepted=[0] * budget)
+    out.total_s = now(device) - start
+    check_finite({"target": model}, {"target": [first, logits]})
+    out.verify_s = spans.seconds("target")
+    out.prefill_s = out.verify_s - spans.seconds("target", first=1)
     return out

@@ -7,7 +7,8 @@ crosses its limit in config `stats.stability`:
 
 - cv between processes: standard deviation (n - 1) over mean of its per-process medians;
 - cv within a process: the same over one process's repeats of identical work (the inner repeats
-  of a sweep, the inner passes of the parallelism runs), the largest over its processes;
+  of a sweep, the inner passes of the parallelism runs), their standard deviation pooled over
+  the processes (see `pooled_cv`);
 - max over median: its largest raw value over the median of its raw values, per unit of
   identical work (a speculative configuration's prompts differ in length of accepted runs, so
   each prompt is its own unit);
@@ -24,10 +25,16 @@ does not tell a busy machine here, and the background share does the main work.
 
 Small samples: a CV needs two values; with one process (or one inner repeat) that check is
 skipped (NaN) and the configuration is judged on the others. From 2-3 values a CV is crude (its
-own relative standard error is about 1 / sqrt(2 (n - 1)), 50-70%), so a verdict is a screen for
-a busy machine, not a test: one process 3x slower than the others gives a CV far above 10% at
-any n, while quiet processes rarely reach it. The load average is recorded, not judged: each
-CPU job's own threads keep it near the core count on a quiet machine.
+own relative standard error is about 1 / sqrt(2 d), d its degrees of freedom, 50-70% at d =
+1-2), so a verdict is a screen for a busy machine, not a test: one process 3x slower than the
+others gives a CV far above 10% at any n, while quiet processes rarely reach it. The within cv
+was the worst process's, from d = 1 at the default's 2 inner repeats: the quiet default run
+(commit 513a3a3; inner repeats scattered +-20%, their ratio 0.82-1.28 at the 10th-90th
+percentile) put 3 of gpt2-tiny's 9 sweep configurations over 35%, and resampling its pairs, 3.7%
+of configurations cross 35% by chance (1.4% with 3 repeats). Pooled over the processes (d =
+processes x (repeats - 1), 6 at the default's 3 x 3) it stays below 35% in all of 20,000 such
+resamples, while a process whose repeats are disturbed still raises it. The load average is
+recorded, not judged: each CPU job's own threads keep it near the core count on a quiet machine.
 
 Raw files without the machine columns (older runs, results/reference/) have no background
 (NaN): they are judged on spread alone and the summary says "background not recorded".
@@ -78,6 +85,18 @@ def cv(values) -> float:
     return float(np.std(x, ddof=1) / np.mean(x)) if len(x) >= 2 else math.nan
 
 
+def pooled_cv(data: pd.DataFrame, cells: list[str]) -> pd.Series:
+    """Per cell: the pooled standard deviation of its inner repeats around each process's own
+    mean (the within-group estimate of a one-way analysis of variance, sum over processes of
+    (n - 1) variances over the sum of (n - 1)), over the cell's mean; NaN with no two repeats in
+    any process."""
+    by = data.groupby([*cells, "repeat"])["_value"]
+    groups = pd.DataFrame({"ss": by.var(ddof=1) * (by.size() - 1), "df": by.size() - 1,
+                           "mean": by.mean()}).groupby(cells)
+    pooled = groups["ss"].sum() / groups["df"].sum().replace(0, np.nan)
+    return np.sqrt(pooled) / groups["mean"].mean()
+
+
 def peak(values) -> float:
     x = np.asarray(values, dtype=float)
     return float(np.max(x) / np.median(x))
@@ -111,7 +130,7 @@ def spreads(runs: pd.DataFrame, study: Study) -> pd.DataFrame:
     data = with_machine(runs, study)
     medians = data.groupby([*keys, "repeat"])["_value"].median()
     out = medians.groupby(keys).agg(processes="size", cv_between=cv)
-    out["cv_within"] = data.groupby([*cells, "repeat"])["_value"].agg(cv).groupby(keys).max()
+    out["cv_within"] = pooled_cv(data, cells).groupby(keys).max()
     out["max_over_median"] = data.groupby(cells)["_value"].agg(peak).groupby(keys).max()
     out["background"] = data.groupby([*keys, "repeat"])["_background"].median().groupby(keys).max()
     out["load_max"] = data.groupby(keys)["_load"].max()
@@ -141,12 +160,19 @@ def reason(row, limits: Stability) -> str:
     return "; ".join(found)
 
 
+SPREADS = ["processes", *(column for column, _, _ in CHECKS), "load_max"]
+
+
 def verdicts(runs: pd.DataFrame, study: Study, limits: Stability) -> pd.DataFrame:
-    """spreads(...) with `stable` and `unstable_reason` per configuration."""
+    """spreads(...) with `stable` and `unstable_reason` per configuration: the table the
+    `verdicts` rule writes once per study (stats/verdicts_<study>.csv) and every table with
+    verdicts reads; no rows when the study measured nothing."""
+    if not len(runs):
+        return pd.DataFrame(columns=[*study.keys, *SPREADS, *VERDICT])
     out = spreads(runs, study)
     out["unstable_reason"] = [reason(row, limits) for _, row in out.iterrows()]
     out["stable"] = out["unstable_reason"] == ""
-    return out
+    return out[[*study.keys, *SPREADS, *VERDICT]]
 
 
 def with_verdicts(table: pd.DataFrame, verdict: pd.DataFrame, on: Iterable[str]
@@ -272,10 +298,10 @@ def summary_table(verdict_tables: list[pd.DataFrame], jobs: pd.DataFrame,
         columns=SUMMARY_COLUMNS)
 
 
-def stability_tables(studies: Iterable[tuple[pd.DataFrame, Study]], limits: Stability
-                     ) -> dict[str, pd.DataFrame]:
-    """The `stability` group's tables (by their key) from each study's raw runs."""
-    judged = [(runs, study, verdicts(runs, study, limits)) for runs, study in studies if len(runs)]
+def stability_tables(studies: Iterable[tuple[pd.DataFrame, Study, pd.DataFrame]],
+                     limits: Stability) -> dict[str, pd.DataFrame]:
+    """The `stability` group's tables (by their key) from each study's raw runs and verdicts."""
+    judged = [(runs, study, verdict) for runs, study, verdict in studies if len(runs)]
     jobs = job_table(judged, limits)
     return {"stability": jobs,
             "stability_summary": summary_table([v for *_, v in judged], jobs, limits)}

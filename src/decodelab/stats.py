@@ -11,7 +11,7 @@ from scipy import stats as st
 from .config import Confidence
 from .io import read_raw
 from .stability import Study, paired, with_verdicts
-from .theory import expected_speedup, expected_tokens_per_call
+from .theory import alpha_from_tokens_per_call, alpha_of_calls, expected_speedup
 
 GRID = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache", "budget"]
 # How each kind of raw file makes configurations for the stability verdicts.
@@ -19,6 +19,7 @@ SWEEP = Study("sweep", tuple(GRID), "total_s")
 SPECULATIVE = Study("speculative", ("pair", "method", "mode", "k"), "total_s", cell=("prompt",),
                     model="pair")
 PARALLELISM = Study("parallelism", ("backend", "model", "context", "tokens"), "seconds")
+STUDIES = {study.name: study for study in (SWEEP, SPECULATIVE, PARALLELISM)}
 METRICS = ["total_s", "prefill_s", "decode_s", "decode_per_token_s"]
 ENVIRONMENT = ["host", "backend", "device_name", "cpu_model", "cpu_count", "ram_bytes", "os",
                "python", "torch", "transformers", "git_commit"]
@@ -110,8 +111,25 @@ def summed(f):
     return lambda cells: sum(f(c) for c in cells if isinstance(c, list | np.ndarray))
 
 
+def pooled_alpha(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per speculative group: alpha from its full-K calls pooled over prompts; from all calls'
+    tokens per call for runs from before the per-call proposals were recorded."""
+    rows = []
+    for key, g in runs[runs["method"] == "speculative"].groupby(keys):
+        k = int(dict(zip(keys, key, strict=True))["k"])
+        if "proposals" in g:
+            accepted = [n for cell in g["accepted"] for n in cell]
+            alpha = alpha_of_calls(accepted, [m for cell in g["proposals"] for m in cell], k)
+        else:
+            alpha = alpha_from_tokens_per_call(g["tokens"].map(len).sum()
+                                               / g["target_calls"].sum(), k)
+        rows.append({**dict(zip(keys, key, strict=True)), "alpha": alpha})
+    return pd.DataFrame(rows, columns=[*keys, "alpha"])
+
+
 def spec_per_process(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per process, method, mode and K: median time over prompts; pooled acceptance."""
+    """Per process, method, mode and K: median time over prompts; pooled acceptance, both kinds:
+    per proposal (accepted / proposed) and per token (alpha, from tokens per target call)."""
     keys = ["pair", "repeat", "method", "mode", "k"]
     g = runs.groupby(keys)
     out = g.agg(total_s=("total_s", "median"), prompts=("prompt", "nunique")).reset_index()
@@ -119,65 +137,73 @@ def spec_per_process(runs: pd.DataFrame) -> pd.DataFrame:
         pooled = g.agg(accepted=("accepted", summed(sum)), proposed=("proposed", "sum"),
                        tokens=("tokens", summed(len)), calls=("target_calls", "sum")).reset_index()
         out = out.merge(pooled, on=keys)
-        out["acceptance"] = out["accepted"] / out["proposed"].where(out["proposed"] > 0)
+        out["proposal_acceptance"] = out["accepted"] / out["proposed"].where(out["proposed"] > 0)
         out["tokens_per_call"] = out["tokens"] / out["calls"].where(out["calls"] > 0)
-    if "step_s" in runs:
-        out = out.merge(g.agg(step_s=("step_s", "median")).reset_index(), on=keys)
+        out = out.merge(pooled_alpha(runs, keys), on=keys, how="left")
+    for column in ("step_s", "overhead_share"):
+        if column in runs:
+            out = out.merge(g.agg(**{column: (column, "median")}).reset_index(), on=keys)
     return out
 
 
 def acceptance_table(proc: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
+    """Per pair, mode and K: alpha (per-token acceptance, what the theory takes) with its
+    interval over processes, and the per-proposal acceptance beside it."""
     spec = proc[proc["method"] == "speculative"]
     rows = []
     for key, group in spec.groupby(SPEC_KEYS):
-        x = group["acceptance"].to_numpy(dtype=float)
+        x = group["alpha"].to_numpy(dtype=float)
         low, high = bootstrap_ci(np.median, (x,), ci)
-        rows.append({**dict(zip(SPEC_KEYS, key, strict=True)), "acceptance": float(np.median(x)),
+        rows.append({**dict(zip(SPEC_KEYS, key, strict=True)), "alpha": float(np.median(x)),
                      "ci_low": low, "ci_high": high,
+                     "proposal_acceptance": float(group["proposal_acceptance"].median()),
                      "tokens_per_call": float(group["tokens_per_call"].median()), "n": len(x)})
     return pd.DataFrame(rows)
 
 
+BASELINE = "autoregressive"  # the target alone in the speculative engine's loop
+STEPPED = "autoregressive_stepped"  # the latency harness, synchronized after every step
+
+
 def speedup_table(proc: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> pd.DataFrame:
     """Autoregressive over speculative wall time, same pair, mode and processes; stable when
-    both are (`verdict`: `stability.verdicts(raw runs, SPECULATIVE, ...)`)."""
+    both are (`verdict`: `stability.verdicts(raw runs, SPECULATIVE, ...)`). `speedup` is over
+    the fair baseline (`baseline` says which: "fair", or "stepped" for runs from before it,
+    whose `autoregressive` was the stepped harness); `speedup_stepped` over the stepped one."""
     rows = []
     for (pair, mode), group in proc.groupby(["pair", "mode"]):
-        base = group.loc[group["method"] == "autoregressive", "total_s"].to_numpy(dtype=float)
+        base = group.loc[group["method"] == BASELINE, "total_s"].to_numpy(dtype=float)
+        stepped = group.loc[group["method"] == STEPPED, "total_s"].to_numpy(dtype=float)
         for k, spec in group[group["method"] == "speculative"].groupby("k"):
             x = spec["total_s"].to_numpy(dtype=float)
             low, high = bootstrap_ci(median_ratio, (base, x), ci)
-            rows.append({"pair": pair, "mode": mode, "k": k, "speedup": median_ratio(base, x),
-                         "ci_low": low, "ci_high": high, "spec_s": float(np.median(x)),
-                         "autoregressive_s": float(np.median(base)), "n": len(x)})
+            row = {"pair": pair, "mode": mode, "k": k, "baseline": "fair" if len(stepped)
+                   else "stepped", "speedup": median_ratio(base, x), "ci_low": low,
+                   "ci_high": high, "spec_s": float(np.median(x)),
+                   "autoregressive_s": float(np.median(base)), "n": len(x),
+                   "overhead_share": float(spec["overhead_share"].median())
+                   if "overhead_share" in spec else np.nan}
+            if len(stepped):
+                low, high = bootstrap_ci(median_ratio, (stepped, x), ci)
+                row |= {"speedup_stepped": median_ratio(stepped, x), "stepped_ci_low": low,
+                        "stepped_ci_high": high, "stepped_s": float(np.median(stepped))}
+            rows.append(row)
     return paired(pd.DataFrame(rows), verdict, {
         "speculative": (SPEC_KEYS, {"method": "speculative"}),
-        "autoregressive": (["pair", "mode"], {"method": "autoregressive"})})
-
-
-def alpha_from_tokens_per_call(tokens_per_call: float, k: int) -> float:
-    """Invert E[tokens per call] = (1 - a^(K+1)) / (1 - a) for the per-token acceptance a."""
-    from scipy.optimize import brentq
-
-    if tokens_per_call >= k + 1 - 1e-9:
-        return 1.0
-    if tokens_per_call <= 1 + 1e-12:
-        return 0.0
-    return float(brentq(lambda a: expected_tokens_per_call(a, k) - tokens_per_call, 0.0,
-                        1 - 1e-12))
+        BASELINE: (["pair", "mode"], {"method": BASELINE})})
 
 
 def theory_table(proc: pd.DataFrame, speedup: pd.DataFrame,
                  acceptance: pd.DataFrame) -> pd.DataFrame:
-    """Leviathan et al.'s expected speedup from measured acceptance and cost ratio."""
+    """Leviathan et al.'s expected speedup from measured alpha and cost ratio c (draft step over
+    target step, both in the engine's loop), against the measured speedup over that loop."""
     steps = proc.groupby(["pair", "mode", "method"])["step_s"].median()
     rows = []
     for row in speedup.merge(acceptance, on=SPEC_KEYS, suffixes=("", "_acc")).itertuples():
         c = steps[(row.pair, row.mode, "draft_autoregressive")] / \
-            steps[(row.pair, row.mode, "autoregressive")]
-        alpha = alpha_from_tokens_per_call(row.tokens_per_call, row.k)
-        rows.append({"pair": row.pair, "mode": row.mode, "k": row.k, "alpha": alpha,
-                     "cost_ratio": float(c), "predicted": expected_speedup(alpha, row.k, c),
+            steps[(row.pair, row.mode, BASELINE)]
+        rows.append({"pair": row.pair, "mode": row.mode, "k": row.k, "alpha": row.alpha,
+                     "cost_ratio": float(c), "predicted": expected_speedup(row.alpha, row.k, c),
                      "measured": row.speedup})
     return pd.DataFrame(rows)
 

@@ -1,6 +1,11 @@
 """The speculative-decoding study, one process at a time: a shuffled grid of K x mode x prompt for
-one draft/target configuration, with the target's autoregressive baseline, the draft's own step
-cost and Hugging Face assisted generation timed beside it; and verification parallelism."""
+one draft/target configuration, with the target's autoregressive baselines, the draft's own step
+cost and Hugging Face assisted generation timed beside it; and verification parallelism.
+
+Two baselines: `autoregressive` runs the target alone in the speculative engine's own loop
+(`speculative.autoregressive`: same forward path and cache, synchronized at the start and the
+end), the one every speedup is over; `autoregressive_stepped` is the latency study's harness
+(`decode.decode`, synchronized after every step), kept to show what an unfair baseline adds."""
 
 from __future__ import annotations
 
@@ -12,11 +17,12 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import machine, models
+from . import graphs, machine, models
 from .config import Sampling
 from .decode import decode, new_cache
 from .devices import fingerprint, now
-from .speculative import check_vocab, feed, generate, rollback
+from .llamacpp import load_role, quantized_roles
+from .speculative import Result, autoregressive, check_vocab, feed, generate, rollback
 from .train import heldout_prompts
 
 
@@ -24,24 +30,43 @@ def generators(device: str, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def engine_columns(out: Result) -> dict:
+    """Where a run's time went: forward passes, the prompt's, and the engine's own overhead."""
+    return {"total_s": out.total_s, "prefill_s": out.prefill_s, "draft_s": out.draft_s,
+            "verify_s": out.verify_s, "overhead_s": out.overhead_s,
+            "overhead_share": out.overhead_share,
+            "overhead_per_call_s": out.overhead_s / out.target_calls}
+
+
 def run_speculative(target, draft, prompt, cfg, spec, seed) -> dict:
     s = Sampling.from_spec(spec).in_mode(cfg["mode"])
     out = generate(target, draft, prompt, spec["budget"], cfg["k"], s,
                    generators(draft.device.type, seed), generators(target.device.type, seed + 1))
-    return {"tokens": out.tokens, "total_s": out.total_s, "draft_s": out.draft_s,
-            "verify_s": out.verify_s, "accepted": out.accepted, "proposed": out.proposed,
-            "target_calls": out.target_calls, "acceptance_rate": out.acceptance_rate,
+    return {"tokens": out.tokens, **engine_columns(out), "accepted": out.accepted,
+            "proposals": out.proposals, "proposed": out.proposed, "target_calls": out.target_calls,
+            "proposal_acceptance": out.proposal_acceptance, "alpha": out.alpha(cfg["k"]),
             "tokens_per_call": out.tokens_per_call, "draft_forwards": out.draft_forwards}
 
 
-def run_autoregressive(model, prompt, cfg, spec, seed, role) -> dict:
+def run_autoregressive(model, prompt, cfg, spec, seed) -> dict:
+    """The fair baseline: `model` alone in the speculative engine's loop."""
+    s = Sampling.from_spec(spec).in_mode(cfg["mode"])
+    out = autoregressive(model, prompt, spec["budget"], s, generators(model.device.type, seed))
+    return {"tokens": out.tokens, **engine_columns(out),
+            "step_s": (out.total_s - out.prefill_s) / max(spec["budget"] - 1, 1),
+            "target_calls": out.target_calls}
+
+
+def run_stepped(model, prompt, cfg, spec, seed, role) -> dict:
+    """The latency study's harness: a host sync after every step."""
     s = Sampling.from_spec(spec).in_mode(cfg["mode"])
     ids = torch.tensor([prompt], device=model.device)
     out = decode(model, ids, spec["budget"], use_cache=True, temperature=s.temperature,
                  top_k=s.top_k, top_p=s.top_p, generator=generators(model.device.type, seed),
                  role=role)
     return {"tokens": out.tokens, "total_s": out.prefill_s + out.decode_s,
-            "step_s": out.decode_s / max(len(out.step_s), 1), "target_calls": len(out.tokens)}
+            "prefill_s": out.prefill_s, "step_s": out.decode_s / max(len(out.step_s), 1),
+            "target_calls": len(out.tokens)}
 
 
 @torch.inference_mode()
@@ -60,11 +85,14 @@ def run_hf_assisted(target, draft, prompt, cfg, spec, seed) -> dict:
 
 METHODS = {
     "speculative": lambda t, d, p, c, s, seed: run_speculative(t, d, p, c, s, seed),
-    "autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(t, p, c, s, seed, "target"),
-    "draft_autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(d, p, c, s, seed,
-                                                                           "draft"),
+    "autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(t, p, c, s, seed),
+    "autoregressive_stepped": lambda t, d, p, c, s, seed: run_stepped(t, p, c, s, seed, "target"),
+    "draft_autoregressive": lambda t, d, p, c, s, seed: run_autoregressive(d, p, c, s, seed),
     "hf_assisted": lambda t, d, p, c, s, seed: run_hf_assisted(t, d, p, c, s, seed),
 }
+
+
+BASELINES = ["autoregressive", "autoregressive_stepped", "draft_autoregressive"]
 
 
 def make_grid(spec: dict, same_device: bool) -> list[dict]:
@@ -73,24 +101,29 @@ def make_grid(spec: dict, same_device: bool) -> list[dict]:
             for m, k, p in itertools.product(spec["modes"], spec["ks"], prompts)]
     grid += [{"method": method, "mode": m, "k": 0, "prompt": p}
              for method, m, p in itertools.product(
-                 ["autoregressive", "draft_autoregressive"], spec["modes"], prompts)]
+                 BASELINES, spec["modes"], prompts)]
     if spec["hf_assisted"] and same_device and "greedy" in spec["modes"]:
         grid += [{"method": "hf_assisted", "mode": "greedy", "k": k, "prompt": p}
                  for k, p in itertools.product(spec["ks"], prompts)]
     return grid
 
 
+def hf_peer(pair: dict) -> bool:
+    """HF assisted generation runs beside ours: both models in PyTorch, on one device."""
+    return pair["target_device"] == pair["draft_device"] and not quantized_roles(pair)
+
+
 def expected_rows(spec: dict, pair: dict) -> tuple[int, str]:
     """How many rows one process writes, and what they are made of: its raw file's stamp."""
-    grid = make_grid(spec, pair["target_device"] == pair["draft_device"])
+    grid = make_grid(spec, hf_peer(pair))
     methods = ", ".join(f"{n} {m}" for m, n in Counter(c["method"] for c in grid).items())
     return len(grid), (f"K in {list(spec['ks'])} x modes {list(spec['modes'])} x "
                        f"{spec['prompts']} prompts: {methods}")
 
 
 def load_pair(target_dir, draft_dir, pair: dict):
-    target = models.load(target_dir, pair["target_device"], pair["dtype"], role="target")
-    draft = models.load(draft_dir, pair["draft_device"], pair["dtype"], role="draft")
+    target = load_role(target_dir, pair, "target")
+    draft = load_role(draft_dir, pair, "draft")
     check_vocab(target, draft)
     return target, draft
 
@@ -98,13 +131,18 @@ def load_pair(target_dir, draft_dir, pair: dict):
 def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: dict, repeat: int,
         progress: bool = True) -> pd.DataFrame:
     job = machine.Job()
-    target, draft = load_pair(target_dir, draft_dir, pair)
+    key, longest = f"speculative.pairs.{pair_name}.engine", spec["prompt_len"] + spec["budget"]
+    target, draft = (graphs.engine(m, pair.get("engine", "eager"), key, longest)
+                     for m in load_pair(target_dir, draft_dir, pair))
     prompts = heldout_prompts(target_dir, spec["prompts"], spec["prompt_len"], spec["seed"])
-    grid = make_grid(spec, pair["target_device"] == pair["draft_device"])
+    grid = make_grid(spec, hf_peer(pair))
     shuffle_seed = spec["seed"] + 7919 * repeat
     random.Random(shuffle_seed).shuffle(grid)
-    for method in ("speculative", "autoregressive"):  # warm-up, untimed
-        METHODS[method](target, draft, prompts[0], {"mode": spec["modes"][0], "k": 2}, spec, 0)
+    # Warm-up, untimed; a graph engine at every K, so that it has captured each shape.
+    ks = spec["ks"] if isinstance(target, graphs.Engine) else [2]
+    warm_up = [("speculative", k) for k in ks]
+    for method, k in [*warm_up, ("autoregressive", 0), ("autoregressive_stepped", 0)]:
+        METHODS[method](target, draft, prompts[0], {"mode": spec["modes"][0], "k": k}, spec, 0)
     rows = []
     desc = f"speculative {pair_name} rep{repeat}"
     for order, cfg in enumerate(tqdm(grid, desc=desc, disable=not progress, mininterval=1)):

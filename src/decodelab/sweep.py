@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import machine, models
+from . import graphs, machine, models
 from .decode import decode
 from .devices import (
     fingerprint,
@@ -127,7 +127,8 @@ def run_dtype(model_dir: str, model_name: str, backend: str, spec: dict, repeat:
               experiment: str, index: int, progress: bool) -> pd.DataFrame:
     caches = caches_of(experiment)
     manifest = models.read_manifest(model_dir)
-    model = models.load(model_dir, backend, spec["dtype"])
+    model = graphs.engine(models.load(model_dir, backend, spec["dtype"]),
+                          spec.get("engine", "eager"), "sweep.engine")
     vocab = model.config.vocab_size
     prompts = {p: make_prompt(vocab, p, spec["seed"], backend) for p in spec["prompt_lengths"]}
     shuffle_seed = spec["seed"] + 7919 * repeat + 104_729 * index

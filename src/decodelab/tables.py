@@ -20,7 +20,7 @@ BACKEND_ORDER = ("cpu", "cuda", "mps")
 BACKEND_LABELS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
 # A group's file names share its prefix; read_group's keys drop it (speculative_hf -> "hf").
 PREFIXES = {"speculative": "speculative_", "verification": "verification_",
-            "regime_depth": "regime_"}
+            "regime_depth": "regime_", "quantized": "quantized_", "verdicts": "verdicts_"}
 ALL_OR_NONE = ("regime_depth",)  # read_group gives None unless every table asked for is there
 
 
@@ -76,6 +76,18 @@ STABLE, REASON = ("stable",), ("unstable_reason",)
 NOT_JUDGED = "not judged (no stability verdict: results from before it)"
 SWEEP_KEYS = ("experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache",
               "budget", "metric")
+SPREADS = ("processes", "cv_between", "cv_within", "max_over_median", "background", "load_max")
+
+
+def verdicts(study: str, numeric: tuple[str, ...], text: tuple[str, ...],
+             flags: tuple[str, ...] = ()) -> Table:
+    """A study's verdict per configuration (`stability.verdicts`), by its key columns: written
+    once by the `verdicts` rule, read by every rule whose tables carry verdicts."""
+    return Table(f"verdicts_{study}", "verdicts", "verdicts", "Hosts and reference",
+                 numeric=(*numeric, *SPREADS), flags=(*flags, *STABLE), text=(*text, *REASON),
+                 optional=True)
+
+
 # In the order the merge writes them (its --tables argument).
 TABLES = (
     Table("latency", "latency", "statistics", "Decode regimes",
@@ -90,6 +102,10 @@ TABLES = (
                    "ratio_min", "frac_above", "p_value", "n_repeats"),
           flags=("use_cache", "spike", *STABLE), text=REASON,
           required=(*SWEEP_KEYS, "ratio_median", "spike")),
+    verdicts("sweep", ("prompt_len", "budget"),
+             ("experiment", "backend", "model", "family", "dtype"), flags=("use_cache",)),
+    verdicts("speculative", ("k",), ("pair", "method", "mode")),
+    verdicts("parallelism", ("context", "tokens"), ("backend", "model")),
     Table("stability", "stability", "stability", "Hosts and reference",
           numeric=("configurations", "unstable", "unstable_share", "load_max",
                    "background_max"),
@@ -108,13 +124,25 @@ TABLES = (
     Table("skipped", "environment", "skipped", "Hosts and reference",
           required=("backend", "reason")),
     Table("models", "environment", "model_table", "Speculative", optional=True),
-    speculative("acceptance", ("k", "acceptance", *CI, "tokens_per_call", "n")),
-    speculative("speedup", ("k", "speedup", *CI, "spec_s", "autoregressive_s", "n"),
-                flags=STABLE, text=REASON),
+    # alpha: per-token acceptance (from tokens per call); proposal_acceptance: accepted/proposed
+    speculative("acceptance", ("k", "alpha", *CI, "proposal_acceptance", "tokens_per_call", "n")),
+    # speedup over the fair baseline (`baseline`), speedup_stepped over the per-step harness
+    speculative("speedup", ("k", "speedup", *CI, "spec_s", "autoregressive_s", "n",
+                            "overhead_share", "speedup_stepped", "stepped_ci_low",
+                            "stepped_ci_high", "stepped_s"),
+                flags=STABLE, text=(*REASON, "baseline")),
     speculative("theory", ("k", "alpha", "cost_ratio", "predicted", "measured")),
     speculative("hf", ("k", "ours_s", "hf_s", "ours_over_hf", *CI, "agree_hf_assisted",
                        "agree_speculative")),
     speculative("parallelism", ("context", "k", "ratio", *CI, "n")),
+    Table("quantized_verify_cost", "quantized", "quantized_stats", "Quantized",
+          numeric=("context", "k", "ratio", *CI, "n", "extra_per_token"),
+          text=("backend", "quantization", "device", "model"), optional=True),
+    Table("quantized_speculative", "quantized", "quantized_stats", "Quantized",
+          numeric=("k", "speedup", *CI, "agree", "sequences", "diverged", "first_divergence",
+                   "min_margin"),
+          text=("pair", "target_backend", "target_quant", "draft_backend", "draft_quant",
+                "mode"), optional=True),
     verification("levels", ("level", "statistic", "dof", "p_value", "n"),
                  flags=("rejected", "expected_rejected")),
     verification("power", ("level", "n", "seeds", "alpha", "rejections", "rate")),

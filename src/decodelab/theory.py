@@ -31,3 +31,25 @@ def expected_speedup(alpha: float, k: int, c: float) -> float:
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
     return expected_tokens_per_call(alpha, k) / (k * c + 1)
+
+
+def alpha_from_tokens_per_call(tokens_per_call: float, k: int) -> float:
+    """Per-token acceptance alpha from measured tokens per target call at draft length k: the
+    root of expected_tokens_per_call(alpha, k) = tokens_per_call (NaN for NaN)."""
+    from scipy.optimize import brentq
+
+    if math.isnan(tokens_per_call):
+        return float("nan")
+    if tokens_per_call >= k + 1 - 1e-9:
+        return 1.0
+    if tokens_per_call <= 1 + 1e-12:
+        return 0.0
+    return float(brentq(lambda a: expected_tokens_per_call(a, k) - tokens_per_call, 0.0,
+                        1 - 1e-12))
+
+
+def alpha_of_calls(accepted: list[int], proposals: list[int], k: int) -> float:
+    """alpha from the target calls that proposed all k draft tokens (NaN without one): the
+    ones near the budget's end propose fewer and would bias tokens per call down."""
+    full = [n for n, m in zip(accepted, proposals, strict=True) if m == k]
+    return alpha_from_tokens_per_call(1 + sum(full) / len(full), k) if full else float("nan")

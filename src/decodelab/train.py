@@ -1,4 +1,5 @@
-"""The `train` model source: a small GPT-2 trained here, on the running Python's standard library.
+"""The `train` model source: a small GPT-2 (or, with `arch: llama`, a rotary-position Llama for
+long contexts) trained here, on the running Python's standard library.
 
 Every machine that runs decodelab has that corpus, so draft/target pairs with meaningful
 acceptance can be made offline. The corpus differs between Python versions; its SHA-256 is
@@ -41,7 +42,8 @@ REQUIRED = {
     "vocab_size": int, "corpus_mb": (int, float), "seq_len": int, "batch_size": int,
     "steps": int, "lr": (int, float), "seed": int,
 }
-OPTIONAL = {"teacher": str, "distill": (int, float), "device": str}
+OPTIONAL = {"teacher": str, "distill": (int, float), "device": str, "arch": str}
+ARCHS = ("gpt2", "llama")
 
 Files = list[tuple[str, bytes]]  # (path relative to the stdlib, contents)
 
@@ -81,6 +83,8 @@ def validate(spec: dict, teacher_dir: Path | None) -> None:
         raise bad("distill", f"must be in [0, 1], not {spec['distill']}")
     if "distill" in spec and "teacher" not in spec:
         raise bad("distill", "needs a 'teacher' to distill from")
+    if spec.get("arch", "gpt2") not in ARCHS:
+        raise bad("arch", f"must be one of {', '.join(ARCHS)}, not {spec['arch']!r}")
     if spec.get("device", "cpu") not in ("cpu", "cuda", "mps"):
         raise bad("device", f"must be cpu, cuda or mps, not {spec['device']!r}")
     if "teacher" in spec and teacher_dir is None:
@@ -192,6 +196,23 @@ def gpt2_config(spec: dict, tokenizer):
         n_layer=spec["n_layer"], n_head=spec["n_head"], bos_token_id=eot, eos_token_id=eot,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )
+
+
+def llama_config(spec: dict, tokenizer):
+    from transformers import LlamaConfig
+
+    eot = tokenizer.convert_tokens_to_ids(EOT)
+    # RoPE has no position table: n_positions only bounds the sequences the DAG asks for. An
+    # FFN of 8/3 n_embd (SwiGLU's three matrices) matches GPT-2's 4 n_embd MLP in parameters.
+    return LlamaConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=spec["n_positions"],
+        hidden_size=spec["n_embd"], intermediate_size=8 * spec["n_embd"] // 3,
+        num_hidden_layers=spec["n_layer"], num_attention_heads=spec["n_head"],
+        bos_token_id=eot, eos_token_id=eot, tie_word_embeddings=True,
+    )
+
+
+MODEL_CONFIGS = {"gpt2": gpt2_config, "llama": llama_config}
 
 
 def batch(data: torch.Tensor, seq_len: int, batch_size: int,
@@ -335,8 +356,8 @@ def training_device(spec: dict) -> str:
 
 
 def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -> None:
-    """Train a GPT-2 LM (and its tokenizer, unless a teacher lends its own) into `out`; `label`
-    names it in errors."""
+    """Train a GPT-2 or Llama LM (and its tokenizer, unless a teacher lends its own) into `out`;
+    `label` names it in errors."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     validate(spec, teacher_dir)
@@ -364,7 +385,8 @@ def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -
     heldout = token_stream(encode(tokenizer, held_texts), eot)
 
     torch.manual_seed(spec["seed"])
-    model = AutoModelForCausalLM.from_config(gpt2_config(spec, tokenizer),
+    arch = spec.get("arch", "gpt2")
+    model = AutoModelForCausalLM.from_config(MODEL_CONFIGS[arch](spec, tokenizer),
                                              trust_remote_code=False).to(device)
     train_start = time.perf_counter()
     losses = train(model, data, spec, teacher, label)
@@ -372,7 +394,7 @@ def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -
 
     windows = eval_windows(heldout, spec["n_positions"])
     info = dict(
-        source="train", spec=spec, family="gpt2", parameters=count_parameters(model),
+        source="train", spec=spec, family=arch, parameters=count_parameters(model),
         python=platform.python_version(), torch=torch.__version__,
         threads=torch.get_num_threads(), device=device, device_name=device_name(device),
         corpus=dict(root=str(stdlib_root()), sha256=corpus_digest(files), files=len(files),

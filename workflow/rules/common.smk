@@ -12,11 +12,15 @@ from snakemake.settings.types import DeploymentMethod
 
 from decodelab import tables
 from decodelab.config import (
+    QUANT_TYPES,
     check_changepoints,
     check_cluster_backends,
     check_local_images,
     check_positions,
+    check_quantized,
+    export_preflight,
     plan_backends,
+    quantized_plan,
     sweep_backends,
 )
 from decodelab.probe import backend_available, why_unavailable
@@ -49,8 +53,7 @@ def as_arg(obj):
 
 
 checked(check_changepoints, SETTINGS)
-# Every timing job's pre-flight check (decodelab.machine.preflight).
-MACHINE = as_arg(SETTINGS.machine.job_spec())
+export_preflight(SETTINGS)
 SWEEP_BACKENDS = checked(sweep_backends, SETTINGS, BACKENDS, HOST)
 ABLATION_MODELS = list(SWEEP.ablation)
 
@@ -190,6 +193,7 @@ def measured_outputs(wildcards):
         raw_runs(wildcards)
         + speculative_runs(wildcards)
         + parallelism_runs(wildcards)
+        + verify_cost_runs(wildcards)
         + verification_reports(wildcards)
     )
 
@@ -199,3 +203,59 @@ def benchmark_files(wildcards):
     return [benchmark_file(p) for p in measured_outputs(wildcards)] + [
         f"benchmarks/prepare_model/{model}.tsv" for model in sorted(SETTINGS.models)
     ]
+
+
+# The quantized backend (quantized.smk): the GGUF files live in results/gguf/<model>/, beside
+# prepare_model's directory output, which may not contain another rule's output.
+checked(check_quantized, SETTINGS)
+QUANT = quantized_plan(SETTINGS, BACKENDS)
+# A model of config 'quantized.models' that the converter cannot take: a skipped.csv row.
+QUANT_SKIPPED = [{"backend": "llama.cpp", "reason": why} for _, why in QUANT["skipped"]]
+
+
+def gguf_file(model, quant):
+    return f"results/gguf/{model}/{quant}.gguf"
+
+
+def pair_gguf(role):
+    """An input function: the pair's GGUF for `role` where it runs in llama.cpp, else none."""
+
+    def gguf(wildcards):
+        pair = PAIRS[wildcards.pair]
+        quant = pair.quant(role)
+        return gguf_file(getattr(pair, role), quant) if quant else []
+
+    return gguf
+
+
+def gguf_args(wildcards, input):
+    return " ".join(
+        f"--{role}-gguf {input[f'{role}_gguf']}"
+        for role in ("target", "draft")
+        if input[f"{role}_gguf"]
+    )
+
+
+def verify_cost_runs(wildcards):
+    return [
+        f"results/{HOST}/llama.cpp-{quant}-{device}/parallelism/{model}/rep{r}.parquet"
+        for model, quant, device in QUANT["verify"]
+        for r in range(SPEC.repeats)
+    ]
+
+
+def quantized_pair_runs(wildcards):
+    return [
+        f"results/{HOST}/speculative/{name}/rep{r}.parquet"
+        for name, pair in PAIRS.items()
+        if pair.quant("target") or pair.quant("draft")
+        for r in range(SPEC.repeats)
+    ]
+
+
+# The stability verdicts (stats.smk): each study judged once, in verdicts_<study>.csv.
+STUDY_RUNS = {"sweep": raw_runs, "speculative": speculative_runs, "parallelism": parallelism_runs}
+
+
+def verdict_tables(*studies):
+    return [f"results/{{host}}/stats/verdicts_{study}.csv" for study in studies]

@@ -130,3 +130,32 @@ rule verification_figures:
         out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab verify-figures --stats {params.stats} --out {params.out} 2> {log}"
+
+
+rule quantized_figures:
+    input:
+        expand(
+            "results/{{host}}/stats/{table}.csv",
+            table=[*tables.names("quantized"), "speculative_parallelism"],
+        ),
+    output:
+        "results/{host}/figures/quantized.pdf",
+        report(
+            "results/{host}/figures/quantized.png",
+            caption="../report/quantized.rst",
+            category="Quantized",
+            subcategory="{host}",
+        ),
+    log:
+        "logs/{host}/quantized_figures.log",
+    wildcard_constraints:
+        host=FIGURE_HOSTS,
+    conda:
+        "../../envs/decodelab.yaml"
+    container:
+        job_container
+    params:
+        stats=lambda wc, input: os.path.dirname(input[0]),
+        out=lambda wc, output: os.path.dirname(output[0]),
+    shell:
+        "decodelab quantized-figures --stats {params.stats} --out {params.out} 2> {log}"

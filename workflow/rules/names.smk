@@ -9,6 +9,7 @@ from snakemake.exceptions import WorkflowError
 
 from decodelab.config import (
     Settings,
+    check_engines,
     check_hosts,
     check_model_names,
     check_names_differ_by_more_than_case,
@@ -37,6 +38,7 @@ IMPORTED = list(SETTINGS.hosts)
 HOST = checked(this_host, SETTINGS.host, socket.gethostname())
 checked(check_model_names, SETTINGS)
 checked(check_verification_pairs, SETTINGS)
+checked(check_engines, SETTINGS)
 checked(check_names_differ_by_more_than_case, SETTINGS)
 checked(check_hosts, HOST, IMPORTED)
 

@@ -10,6 +10,7 @@ PAPER_FIGURES = [
     "speedup",
     "parallelism",
     "theory",
+    "quantized",
 ] + [
     "verification_tokens",
     "verification_pvalues",

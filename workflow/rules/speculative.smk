@@ -6,6 +6,8 @@ rule speculative:
     input:
         target=lambda wc: f"results/models/{PAIRS[wc.pair].target}",
         draft=lambda wc: f"results/models/{PAIRS[wc.pair].draft}",
+        target_gguf=pair_gguf("target"),
+        draft_gguf=pair_gguf("draft"),
     output:
         "results/{host}/speculative/{pair}/rep{repeat}.parquet",
     log:
@@ -24,12 +26,11 @@ rule speculative:
     params:
         spec=as_arg(SPEC.job_spec()),
         pair=lambda wc: as_arg(PAIRS[wc.pair].job_spec()),
-        machine=MACHINE,
+        gguf=gguf_args,
     shell:
         "decodelab speculative --target-dir {input.target} --draft-dir {input.draft}"
-        " --pair {wildcards.pair} --pair-spec {params.pair} --spec {params.spec}"
-        " --repeat {wildcards.repeat} --threads {threads} --machine {params.machine}"
-        " --out {output} 2> {log}"
+        " --pair {wildcards.pair} --pair-spec {params.pair} --spec {params.spec} {params.gguf}"
+        " --repeat {wildcards.repeat} --threads {threads} --out {output} 2> {log}"
 
 
 rule parallelism:
@@ -53,17 +54,17 @@ rule parallelism:
         **MEASURING_RESOURCES,
     params:
         spec=lambda wc: as_arg(parallelism_spec(wc.backend, wc.model)),
-        machine=MACHINE,
     shell:
         "decodelab parallelism --model-dir {input} --model {wildcards.model}"
         " --backend {wildcards.backend} --spec {params.spec} --repeat {wildcards.repeat}"
-        " --threads {threads} --machine {params.machine} --out {output} 2> {log}"
+        " --threads {threads} --out {output} 2> {log}"
 
 
 rule speculative_stats:
     input:
         runs=speculative_runs,
         parallelism=parallelism_runs,
+        verdicts=verdict_tables("speculative"),
     output:
         expand("results/{{host}}/stats/{table}.csv", table=tables.names("speculative")),
     log:
@@ -74,10 +75,9 @@ rule speculative_stats:
         job_container
     params:
         spec=as_arg(SETTINGS.stats.job_spec()),
-        stability=STABILITY,
         out=lambda wc, output: os.path.dirname(output[0]),
     shell:
-        "decodelab spec-stats --spec {params.spec} --stability {params.stability}"
+        "decodelab spec-stats --spec {params.spec} --verdicts {input.verdicts}"
         " --out {params.out} --runs {input.runs} --parallelism {input.parallelism} 2> {log}"
 
 

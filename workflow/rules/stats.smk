@@ -1,4 +1,5 @@
-# The stability verdicts' limits (config stats.stability): every table with verdicts gets them.
+# The stability verdicts' limits (config stats.stability): the verdicts rule judges each study
+# once; every table with verdicts reads its verdicts_<study>.csv.
 STABILITY = as_arg(SETTINGS.stability.job_spec())
 
 
@@ -30,13 +31,36 @@ rule skipped:
         job_container
     params:
         backends=" ".join(SKIPPED),
+        quantized=as_arg(QUANT_SKIPPED),
     shell:
-        "decodelab skipped --host {wildcards.host} --out {output} {params.backends} 2> {log}"
+        "decodelab skipped --host {wildcards.host} --out {output} --also {params.quantized}"
+        " {params.backends} 2> {log}"
+
+
+rule verdicts:
+    input:
+        lambda wc: STUDY_RUNS[wc.study](wc),
+    output:
+        "results/{host}/stats/verdicts_{study}.csv",
+    log:
+        "logs/{host}/verdicts_{study}.log",
+    wildcard_constraints:
+        study="|".join(STUDY_RUNS),
+    conda:
+        "../../envs/decodelab.yaml"
+    container:
+        job_container
+    params:
+        spec=STABILITY,
+    shell:
+        "decodelab verdicts --study {wildcards.study} --spec {params.spec} --out {output}"
+        " {input} 2> {log}"
 
 
 rule statistics:
     input:
-        "results/{host}/runs.parquet",
+        runs="results/{host}/runs.parquet",
+        verdicts=verdict_tables("sweep"),
     output:
         latency="results/{host}/stats/latency.csv",
         kv="results/{host}/stats/kv_speedup.csv",
@@ -48,9 +72,8 @@ rule statistics:
         job_container
     params:
         spec=as_arg(SETTINGS.stats.job_spec()),
-        stability=STABILITY,
     shell:
-        "decodelab stats --runs {input} --spec {params.spec} --stability {params.stability}"
+        "decodelab stats --runs {input.runs} --spec {params.spec} --verdicts {input.verdicts}"
         " --latency {output.latency} --kv {output.kv} 2> {log}"
 
 
@@ -59,6 +82,7 @@ rule stability:
         runs="results/{host}/runs.parquet",
         speculative=speculative_runs,
         parallelism=parallelism_runs,
+        verdicts=verdict_tables("sweep", "speculative", "parallelism"),
     output:
         expand("results/{{host}}/stats/{table}.csv", table=tables.names("stability")),
     log:
@@ -73,12 +97,13 @@ rule stability:
     shell:
         "decodelab stability --spec {params.spec} --runs {input.runs}"
         " --speculative {input.speculative} --parallelism {input.parallelism}"
-        " --out {params.out} 2> {log}"
+        " --verdicts {input.verdicts} --out {params.out} 2> {log}"
 
 
 rule regimes:
     input:
-        "results/{host}/runs.parquet",
+        runs="results/{host}/runs.parquet",
+        verdicts=verdict_tables("sweep"),
     output:
         "results/{host}/stats/regimes.csv",
     log:
@@ -89,9 +114,8 @@ rule regimes:
         job_container
     params:
         spec=as_arg(SETTINGS.regimes.rule_spec()),
-        stability=STABILITY,
     shell:
-        "decodelab regimes --runs {input} --spec {params.spec} --stability {params.stability}"
+        "decodelab regimes --runs {input.runs} --spec {params.spec} --verdicts {input.verdicts}"
         " --out {output} 2> {log}"
 
 

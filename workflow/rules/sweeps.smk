@@ -24,9 +24,8 @@ rule sweep:
         **MEASURING_RESOURCES,
     params:
         spec=as_arg(SWEEP.job_spec()),
-        machine=MACHINE,
     shell:
         "decodelab sweep --model-dir {input} --model {wildcards.model}"
         " --backend {wildcards.backend} --experiment {wildcards.experiment}"
         " --repeat {wildcards.repeat} --threads {threads} --spec {params.spec}"
-        " --machine {params.machine} --out {output} 2> {log}"
+        " --out {output} 2> {log}"

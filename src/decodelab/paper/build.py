@@ -18,6 +18,7 @@ from . import (
     environment,
     latency,
     noise,
+    quantized,
     regime_depth,
     settings,
     speculative,
@@ -26,8 +27,8 @@ from . import (
 from .section import Section
 from .tex import macros_tex
 
-SECTIONS = (settings, environment, noise, latency, speculative, verification, regime_depth,
-            artifact)
+SECTIONS = (settings, environment, noise, latency, speculative, quantized, verification,
+            regime_depth, artifact)
 
 
 def merged(sections: list[Section]) -> Section:

@@ -20,6 +20,7 @@ from .. import tables
 from ..selection import best_pair, best_per_pair_mode, headline_mode
 from . import seed
 from .environment import backends_run
+from .noise import finding, read
 from .read import model_field, read_models, spec_modes, spec_pairs
 from .section import Section, stage
 from .settings import (
@@ -48,6 +49,17 @@ def num(models: pd.DataFrame, model: str, field: str, fmt=sig) -> str:
     value = model_field(models, model, field)
     return fmt(float(value)) if finite(value) else NONE
 
+
+
+def value(row: pd.Series | None, column: str, fmt=sig) -> str:
+    """`fmt` of a row's column, '--' without the row, the column or a finite value."""
+    x = row.get(column) if row is not None else None
+    return fmt(float(x)) if finite(x) else NONE
+
+
+BASELINE_WORDS = {
+    "fair": "the target alone in the same engine loop, synchronized only at its start and end",
+    "stepped": "the per-step synchronized harness (runs from before the fair baseline)"}
 
 
 def pair_order(settings: dict, *frames: pd.DataFrame) -> list[str]:
@@ -154,14 +166,18 @@ def spec_pair_macros(t: dict[str, pd.DataFrame], settings: dict,
             f"SpecBestK{name}": str(k) if k is not None else NONE,
             f"SpecBestSpeedup{name}": sig(row["speedup"]) if row is not None else NONE,
             f"SpecBestCI{name}": ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
+            f"SpecBestSpeedupStepped{name}": value(row, "speedup_stepped"),
+            f"SpecBestOverhead{name}": value(row, "overhead_share", percent),
             f"SpecFirstK{name}": str(k1) if k1 is not None else NONE,
-            f"SpecAccFirstK{name}": percent(lookup(acceptance, "acceptance", pair=pair, mode=m,
-                                               k=k1)) if k1 is not None else NONE,
-            f"SpecAccBestK{name}": percent(lookup(acceptance, "acceptance", pair=pair, mode=m,
-                                              k=k)) if k is not None else NONE,
             f"SpecTokensPerCallBest{name}": sig(lookup(acceptance, "tokens_per_call", pair=pair,
                                                        mode=m, k=k)) if k is not None else NONE,
         })
+        for at, kk in (("FirstK", k1), ("BestK", k)):
+            for prefix, column in (("SpecAlpha", "alpha"), ("SpecPropAcc", "proposal_acceptance")):
+                macros[f"{prefix}{at}{name}"] = percent(lookup(
+                    acceptance, column, pair=pair, mode=m, k=kk)) if kk is not None else NONE
+    macros["SpecBaseline"] = BASELINE_WORDS.get(lookup(speedup, "baseline", pair=pair, mode=mode),
+                                                NONE)
     k = macros[f"SpecBestK{mode.title()}"] if mode.title() in ("Sampled", "Greedy") else NONE
     at = {"pair": pair, "mode": mode, "k": int(k)} if k != NONE else None
     macros.update({
@@ -255,6 +271,15 @@ def init_pair_models(models: pd.DataFrame, settings: dict) -> list[str]:
     return [m for m in named if model_field(models, m, "source") == "init"]
 
 
+def init_pairs(t: dict[str, pd.DataFrame], models: pd.DataFrame, settings: dict,
+               env: pd.DataFrame) -> list[str]:
+    """Pairs with a result whose draft or target has random weights (`init`)."""
+    init = set(init_pair_models(models, settings))
+    requested, skipped = requested_pairs(settings), skipped_pairs(settings, t["speedup"], env)
+    return [p for p in pair_order(settings, t["speedup"]) if p not in skipped
+            and init & {requested.get(p, {}).get("draft"), requested.get(p, {}).get("target")}]
+
+
 def distilled_pair(models: pd.DataFrame, settings: dict, pair: str | None) -> bool:
     """The draft names the target as its teacher."""
     target, draft = headline_models(settings, pair)
@@ -264,15 +289,25 @@ def distilled_pair(models: pd.DataFrame, settings: dict, pair: str | None) -> bo
     return bool(target) and teacher == target
 
 
+def selected_best(selection: pd.DataFrame) -> str:
+    """The quoted best, chosen on one half of the processes and estimated on the other
+    (`decodelab.selection`); the naive maximum of medians is quoted only for contrast."""
+    rows = selection[selection["claim"] == "speculative_best"] if len(selection) else selection
+    return finding(rows.iloc[0] if len(rows) else None)
+
+
 def speculative_macros(t: dict[str, pd.DataFrame] | None, models: pd.DataFrame, settings: dict,
-                       env: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
+                       env: pd.DataFrame, selection: pd.DataFrame | None = None
+                       ) -> tuple[dict[str, str], dict[str, bool]]:
     """Every speculative macro, '--' without the stage, so the paper compiles either way."""
     t = t or no_rows()
     pair = best_pair(t["speedup"])
     macros = {**seed.speculative_claims(), **spec_settings_macros(settings),
               **spec_pair_macros(t, settings, env), **spec_result_macros(t, settings),
               **spec_model_macros(models, settings, pair),
-              "SpecInitModels": human_list([tt(m) for m in init_pair_models(models, settings)])}
+              "SpecSelBest": selected_best(pd.DataFrame() if selection is None else selection),
+              "SpecInitModels": human_list([tt(m) for m in init_pair_models(models, settings)]),
+              "SpecInitPairs": human_list([tt(p) for p in init_pairs(t, models, settings, env)])}
     hf = t["hf"]
     flags = {
         "SpecParallelRan": len(t["parallelism"]) > 0,
@@ -282,6 +317,7 @@ def speculative_macros(t: dict[str, pd.DataFrame] | None, models: pd.DataFrame, 
         "SpecTrainedPair": trained_pair(models, settings, pair),
         "SpecDraftDistilled": distilled_pair(models, settings, pair),
         "SpecInitPair": bool(init_pair_models(models, settings)),
+        "SpecInitRows": macros["SpecInitPairs"] != "none",
     }
     return macros, flags
 
@@ -298,7 +334,7 @@ def spec_pairs_table(t: dict[str, pd.DataFrame] | None, settings: dict, env: pd.
         draft, target = pair_devices(settings, pair)
         if pair in skipped:
             rows.append([tt(pair), draft, target,
-                         f"\\multicolumn{{6}}{{l}}{{\\emph{{{skipped[pair]}}}}}", "skipped"])
+                         f"\\multicolumn{{8}}{{l}}{{\\emph{{{skipped[pair]}}}}}", "skipped"])
             continue
         for i, mode in enumerate(spec_modes(speedup[speedup["pair"] == pair])):
             row = best[(best["pair"] == pair) & (best["mode"] == mode)]
@@ -309,19 +345,20 @@ def spec_pairs_table(t: dict[str, pd.DataFrame] | None, settings: dict, env: pd.
                          target if i == 0 else "", mode, str(k) if k is not None else NONE,
                          sig(row["speedup"]) if row is not None else NONE,
                          ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
-                         percent(lookup(acceptance, "acceptance", pair=pair, mode=mode, k=first))
-                         if first is not None else NONE,
-                         percent(lookup(acceptance, "acceptance", pair=pair, mode=mode, k=k))
-                         if k is not None else NONE, "ran" if i == 0 else ""])
+                         *[percent(lookup(acceptance, column, pair=pair, mode=mode, k=at))
+                           if at is not None else NONE
+                           for column in ("alpha", "proposal_acceptance") for at in (first, k)],
+                         "ran" if i == 0 else ""])
     first = f"$K={k1}$" if k1 is not None else "first $K$"
     header = [
         r" & \multicolumn{2}{c}{Device} & & \multicolumn{3}{c}{Best speedup}"
-        r" & \multicolumn{2}{c}{Acceptance} & \\",
-        r"\cmidrule(lr){2-3} \cmidrule(lr){5-7} \cmidrule(lr){8-9}",
+        r" & \multicolumn{2}{c}{Per-token $\alpha$} & \multicolumn{2}{c}{Accepted / proposed}"
+        r" & \\",
+        r"\cmidrule(lr){2-3} \cmidrule(lr){5-7} \cmidrule(lr){8-9} \cmidrule(lr){10-11}",
         f"Pair & draft & target & Mode & $K$ & speedup & {confidence} CI & at {first} & "
-        r"at best $K$ & Status \\",
+        f"at best $K$ & at {first} & at best $K$ & Status \\\\",
     ]
-    return tabular("@{}llllrrcrrl@{}", header, rows, "no draft/target pair in this build")
+    return tabular("@{}llllrrcrrrrl@{}", header, rows, "no draft/target pair in this build")
 
 
 def spec_hf_table(t: dict[str, pd.DataFrame] | None, confidence: str) -> str:
@@ -377,7 +414,7 @@ def models_table(models: pd.DataFrame, settings: dict) -> str:
 def parts(stats_dir: Path, settings: dict) -> Section:
     t = read_speculative(stats_dir)
     env, models = tables.read(stats_dir, "environment"), read_models(stats_dir)
-    macros, flags = speculative_macros(t, models, settings, env)
+    macros, flags = speculative_macros(t, models, settings, env, read(stats_dir, "selection"))
     return stage("SpeculativeReady", t is not None, Section(macros, flags, {
         "tab_spec_pairs.tex": spec_pairs_table(t, settings, env, confidence(settings)),
         "tab_spec_hf.tex": spec_hf_table(t, confidence(settings)),

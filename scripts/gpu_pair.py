@@ -1,0 +1,242 @@
+"""The GPU pair of #18 on one CUDA host without Snakemake (scripts/gpu_pair.sh runs it): train
+config/gpu.yaml's `target` and `draft`, time the speculative study on pair `cuda-cuda` in the
+eager and the graph engine, and graph-mode decoding of gpt2-xl against the bandwidth floor.
+
+Writes under --out: models/<name>/ (manifests and configs), raw/speculative/<pair>/rep0.parquet
+(the study's own rows), stats/pair.csv (c, alpha, speedups, measured / predicted per engine, mode
+and K), stats/divergence.csv (greedy tokens of the graph engine against the eager one) and
+stats/bandwidth.csv (gpt2-xl and gpt2, float16). Every step checks the deadline first and is
+skipped, said so, past it.
+`--smoke` shrinks everything to a CPU-sized check of this script's logic (eager engine only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from decodelab import graphs, sources, study, theory
+from decodelab.config import load_settings
+from decodelab.decode import decode
+from decodelab.io import write_raw
+
+BANDWIDTH = 4.3e12  # H200 HBM3e, bytes/s
+SMOKE_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "corpus_mb": 0.5, "seq_len": 64,
+               "batch_size": 4, "steps": 20, "vocab_size": 512, "device": "cpu"}
+
+
+def log(*parts) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
+
+
+class Deadline:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def allows(self, step: str, needs: float) -> bool:
+        if self.left() >= needs:
+            return True
+        log(f"SKIPPED {step}: {self.left():.0f} s left, it needs about {needs:.0f} s")
+        return False
+
+
+def model_spec(settings, name: str, smoke: bool) -> dict:
+    spec = dict(settings.models[name])
+    return spec | SMOKE_MODEL if smoke else spec
+
+
+def train_pair(settings, out: Path, work: Path, smoke: bool) -> dict[str, Path]:
+    """Target, then its distilled draft; TF32 matmuls on CUDA (training speed only: the timed
+    runs are bfloat16)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dirs = {}
+    for name in ("target", "draft"):
+        spec = model_spec(settings, name, smoke)
+        dirs[name] = work / name
+        log(f"training {name}: {json.dumps(spec)}")
+        sources.prepare(spec, dirs[name], teacher_dir=dirs.get(spec.get("teacher")))
+        manifest = json.loads((dirs[name] / "decodelab.json").read_text())
+        log(f"{name}: {manifest['parameters']} parameters, held-out loss "
+            f"{manifest['heldout_loss']:.3f}, {manifest['train_seconds']} s training"
+            + (f", greedy agreement {manifest['greedy_agreement']:.3f}" if name == "draft"
+               else ""))
+        keep = out / "models" / name
+        keep.mkdir(parents=True, exist_ok=True)
+        for f in ("decodelab.json", "config.json"):
+            shutil.copy(dirs[name] / f, keep / f)
+    return dirs
+
+
+def study_spec(settings, smoke: bool, engine: str) -> dict:
+    spec = settings.speculative.job_spec()
+    if smoke:
+        spec |= {"ks": [1, 3], "prompts": 2, "budget": 16, "prompt_len": 8}
+    # HF assisted generation runs its own (eager) loop: once, beside the eager engine.
+    return spec | {"hf_assisted": spec["hf_assisted"] and engine == "eager"}
+
+
+def run_study(settings, dirs, out: Path, pair_name: str, smoke: bool) -> pd.DataFrame:
+    pair = settings.speculative.pairs[pair_name]
+    if smoke:
+        pair = dataclasses.replace(pair, target_device="cpu", draft_device="cpu",
+                                   dtype="float32")
+    pair = pair.job_spec()
+    spec = study_spec(settings, smoke, pair.get("engine", "eager"))
+    start = time.perf_counter()
+    df = study.run(str(dirs["target"]), str(dirs["draft"]), pair_name, pair, spec, 0,
+                   progress=False)
+    write_raw(df, out / "raw/speculative" / pair_name / "rep0.parquet",
+              *study.expected_rows(spec, pair))
+    log(f"study {pair_name}: {len(df)} rows in {time.perf_counter() - start:.0f} s")
+    return df.assign(engine=pair.get("engine", "eager"))
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per engine, mode and K: medians over prompts, speedup over the fair baseline (the same
+    loop, `autoregressive`) and over the per-step synchronized one, and Leviathan's prediction
+    from the measured alpha and c."""
+    rows = []
+    for (engine, mode), g in df.groupby(["engine", "mode"]):
+        by = {m: g[g.method == m] for m in g.method.unique()}
+        fair, stepped = by["autoregressive"].total_s.median(), None
+        if "autoregressive_stepped" in by:
+            stepped = by["autoregressive_stepped"].total_s.median()
+        c = by["draft_autoregressive"].step_s.median() / by["autoregressive"].step_s.median()
+        for k, s in by["speculative"].groupby("k"):
+            alpha = s.alpha.median()
+            predicted = theory.expected_speedup(alpha, int(k), c)
+            measured = fair / s.total_s.median()
+            rows.append({
+                "engine": engine, "mode": mode, "k": int(k), "c": c, "alpha": alpha,
+                "proposal_acceptance": s.proposal_acceptance.median(),
+                "tokens_per_call": s.tokens_per_call.median(),
+                "speculative_s": s.total_s.median(), "fair_baseline_s": fair,
+                "stepped_baseline_s": stepped, "speedup": measured,
+                "speedup_over_stepped": stepped / s.total_s.median() if stepped else None,
+                "overhead_share": s.overhead_share.median(), "predicted": predicted,
+                "measured_over_predicted": measured / predicted,
+                "prompts": len(s), "speedup_min": fair / s.total_s.max(),
+                "speedup_max": fair / s.total_s.min()})
+    hf = df[df.method == "hf_assisted"]
+    out = pd.DataFrame(rows)
+    if len(hf):
+        spec = df[(df.method == "speculative") & (df["mode"] == "greedy") & (df.engine == "eager")]
+        ratio = hf.groupby("k").total_s.median() / spec.groupby("k").total_s.median()
+        out["over_hf_assisted"] = out.apply(
+            lambda r: ratio.get(r.k) if r["mode"] == "greedy" else None, axis=1)
+    return out
+
+
+def divergence(df: pd.DataFrame) -> pd.DataFrame:
+    """Greedy tokens of each graph run against the eager run of the same method, K and prompt:
+    where they first differ (bfloat16 attention over a static cache rounds differently)."""
+    greedy = df[df["mode"] == "greedy"].set_index(["engine", "method", "k", "prompt"]).tokens
+    rows = []
+    for (engine, method, k, prompt), tokens in greedy.items():
+        if engine != "graph" or ("eager", method, k, prompt) not in greedy.index:
+            continue
+        eager = greedy["eager", method, k, prompt]
+        differ = [i for i, (a, b) in enumerate(zip(tokens, eager, strict=True)) if a != b]
+        first = differ[0] if differ else None
+        rows.append({"method": method, "k": k, "prompt": prompt, "equal": first is None,
+                     "first_difference": first, "length": len(tokens)})
+    return pd.DataFrame(rows)
+
+
+@torch.inference_mode()
+def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
+              device: str = "cuda") -> list[dict]:
+    """Decode time per token of an init model, eager and graph, against parameter bytes over
+    the HBM bandwidth (the floor of a memory-bound step). Off CUDA (--smoke) the graph engine
+    runs uncaptured."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(sources.preset_config(preset), dtype=dtype)
+    model.eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    floor = weight_bytes / BANDWIDTH
+    prompt = torch.randint(0, model.config.vocab_size, (1, 32), device=device)
+    rows = []
+    graph = graphs.Engine(model, capture=device == "cuda", max_len=prompt.shape[1] + budget)
+    for name, engine in (("eager", model), ("graph", graph)):
+        decode(engine, prompt, 16)  # warm-up (and the graphs' capture)
+        for r in range(repeats):
+            out = decode(engine, prompt, budget)
+            step = float(pd.Series(out.step_s).median())
+            rows.append({"model": preset, "dtype": str(dtype).removeprefix("torch."),
+                         "engine": name, "repeat": r, "budget": budget, "step_s": step,
+                         "weight_bytes": weight_bytes, "floor_s": floor,
+                         "over_floor": step / floor})
+            log(f"{preset} {name}: {step * 1e3:.3f} ms/token, {step / floor:.2f}x the floor")
+    return rows
+
+
+def write_tables(frames: list[pd.DataFrame], out: Path) -> None:
+    df = pd.concat(frames, ignore_index=True)
+    table = summary(df)
+    table.to_csv(out / "stats/pair.csv", index=False)
+    divergence(df).to_csv(out / "stats/divergence.csv", index=False)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(table[["engine", "mode", "k", "c", "alpha", "speedup", "speedup_over_stepped",
+                     "predicted", "measured_over_predicted", "overhead_share"]]
+              .round(3).to_string(index=False), flush=True)
+
+
+def attempt(step: str, failed: list[str], fn, *args):
+    """Run one step; a failure is logged with its traceback and the next steps still run."""
+    try:
+        return fn(*args)
+    except Exception:
+        log(f"FAILED {step}:\n{traceback.format_exc()}")
+        failed.append(step)
+        return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--deadline", type=float, required=True, help="seconds from now")
+    p.add_argument("--out", required=True)
+    p.add_argument("--config", default="config/gpu.yaml")
+    p.add_argument("--models", default="results/models", help="where the pair is trained")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, eager only")
+    args = p.parse_args(argv)
+    deadline, out, failed = Deadline(args.deadline), Path(args.out), []
+    (out / "stats").mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.enable_cudnn_sdp(False)  # a new cuDNN plan per key length (#18 item 6)
+    settings = load_settings(args.config)
+    dirs = train_pair(settings, out, Path(args.models), args.smoke)
+    pairs = {"cuda-cuda": 120} if args.smoke else {"cuda-cuda": 120, "cuda-cuda-graph": 60}
+    frames = []
+    for name, needs in pairs.items():
+        if deadline.allows(f"study {name}", needs):
+            df = attempt(f"study {name}", failed, run_study, settings, dirs, out, name,
+                         args.smoke)
+            if df is not None:
+                frames.append(df)
+                write_tables(frames, out)
+    rows = []
+    floors = [("gpt2-tiny", torch.float32, 16, "cpu", 10)] if args.smoke else [
+        ("gpt2-xl", torch.float16, 256, "cuda", 60), ("gpt2", torch.float16, 256, "cuda", 20)]
+    for preset, dtype, budget, device, needs in floors:
+        if deadline.allows(f"{preset} against the bandwidth floor", needs):
+            rows += attempt(preset, failed, bandwidth, preset, dtype, budget, 3, device) or []
+            pd.DataFrame(rows).to_csv(out / "stats/bandwidth.csv", index=False)
+    log(f"done, {deadline.left():.0f} s left" + (f"; FAILED: {', '.join(failed)}" * bool(failed)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The graph engine: a model's forward passes over a transformers `StaticCache`, each input shape
+captured once in a CUDA graph and replayed after that, as gpt-fast decodes.
+
+`Engine` shows the loops the same small part of a causal LM that `llamacpp.Engine` does: a forward
+pass on token ids, a KV cache with `get_seq_length` and `crop`, `config`, `device`. So the
+speculative loop (the draft's one-token steps, the target's K+1-token verification), the
+autoregressive baseline and `decode.decode` run on it unchanged; `decode.new_cache` asks the
+engine for its cache.
+
+The cache's write position lives on the device (each `StaticLayer` keeps a `cumulative_length`
+tensor that its `update` reads and advances in place), so one captured graph serves every
+position. The causal mask is built inside the graph from the same position and hides every slot
+at or past it, so a rollback only moves the position back: the stale keys beyond it are never
+read and are overwritten by the next write. The loops' length stays on the host (`Slots.length`),
+so neither they nor a rollback wait for the device.
+
+Without capture (`capture=False`, any device) the engine runs the same static-cache passes
+eagerly: what the CPU tests compare with the eager engine, token for token.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from transformers import StaticCache
+
+from .decode import cache_kwarg
+from .errors import DecodelabError
+
+ENGINES = ("eager", "graph")
+
+
+class Slots:
+    """The engine's static cache as the loops see a cache: its length, and `crop(-n)`."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.length = 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, length: int) -> None:
+        keep = length if length >= 0 else self.length + length
+        self.engine.move_back(self.length - keep)
+        self.length = keep
+
+
+class Engine:
+    """`model` over one static cache of `max_len` tokens (default: its positions), replaying a
+    CUDA graph per (input length, logits kept) once `capture` has recorded it."""
+
+    def __init__(self, model, capture: bool = True, max_len: int | None = None):
+        if capture and model.device.type != "cuda":
+            raise DecodelabError(f"CUDA graphs need a CUDA device; {model.name_or_path!r} is on "
+                                 f"{model.device.type}")
+        self.model = model
+        self.capture = capture
+        self.max_len = max_len or model.config.get_text_config().max_position_embeddings
+        self.cache = StaticCache(config=model.config, max_cache_len=self.max_len)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor,
+                                                 torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.slots: Slots | None = None
+        self.config = model.config
+        self.device = model.device
+        self.dtype = model.dtype
+        self.name_or_path = model.name_or_path
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
+    @property
+    def generation_config(self):
+        return self.model.generation_config
+
+    def generate(self, *args, assistant_model=None, **kwargs):
+        """Hugging Face's own generation (its loop, eager) on the wrapped models."""
+        if isinstance(assistant_model, Engine):
+            assistant_model = assistant_model.model
+        return self.model.generate(*args, assistant_model=assistant_model, **kwargs)
+
+    def counters(self) -> list[torch.Tensor]:
+        return [layer.cumulative_length for layer in self.cache.layers]
+
+    def move_back(self, n: int) -> None:
+        """The write position of every layer n tokens back: one device op, no host sync."""
+        if n > 0 and self.cache.is_initialized:
+            torch._foreach_sub_(self.counters(), n)
+
+    def new_cache(self) -> Slots:
+        """The one static cache, emptied: its buffers' addresses are in the captured graphs."""
+        if self.slots is not None:
+            self.move_back(self.slots.length)
+        self.slots = Slots(self)
+        return self.slots
+
+    def run(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        return self.model(input_ids=ids, use_cache=True, logits_to_keep=keep,
+                          **{cache_kwarg(self.model): self.cache}).logits
+
+    def captured(self, n: int, keep: int):
+        """The graph for n input tokens (logits of the last `keep`; 0: all), captured on first
+        use at the current position after one warm-up pass whose writes are undone."""
+        if (n, keep) not in self.graphs:
+            ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.run(ids, keep)
+            torch.cuda.current_stream().wait_stream(side)
+            self.move_back(n)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self.run(ids, keep)
+            self.graphs[n, keep] = graph, ids, logits
+        return self.graphs[n, keep]
+
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = True,
+                past_key_values: Slots | None = None, logits_to_keep: int = 0):
+        """Logits ([1, T, V]) of the last `logits_to_keep` positions of `input_ids` ([1, T]; 0:
+        all) after what `past_key_values` holds. The logits of a graph are its output buffer,
+        valid until the same shape runs again."""
+        if past_key_values is None:
+            return self.model(input_ids=input_ids, use_cache=False, logits_to_keep=logits_to_keep)
+        if past_key_values is not self.slots:
+            raise DecodelabError("a graph engine serves one sequence at a time: use the cache "
+                                 "of its latest new_cache()")
+        n = input_ids.shape[1]
+        if past_key_values.length + n > self.max_len:
+            raise DecodelabError(f"{self.name_or_path!r}: {past_key_values.length + n} tokens "
+                                 f"do not fit its static cache of {self.max_len}")
+        if self.capture:
+            graph, ids, logits = self.captured(n, logits_to_keep)
+            ids.copy_(input_ids)
+            graph.replay()
+        else:
+            logits = self.run(input_ids, logits_to_keep)
+        past_key_values.length += n
+        return SimpleNamespace(logits=logits)
+
+    __call__ = forward
+
+
+def engine(model, name: str, key: str, max_len: int | None = None):
+    """`model` as config `key` (eager or graph) runs it: itself, or a graph engine whose cache
+    holds `max_len` tokens (default: the model's positions)."""
+    if name == "eager":
+        return model
+    if name != "graph":
+        raise DecodelabError(f"config '{key}': engine {name!r} is not one of "
+                             f"{', '.join(ENGINES)}")
+    if model.device.type != "cuda":
+        raise DecodelabError(f"config '{key}': engine 'graph' needs a CUDA device "
+                             f"(this model is on {model.device.type}); use 'eager'")
+    return Engine(model, max_len=max_len)

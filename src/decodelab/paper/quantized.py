@@ -1,0 +1,103 @@
+r"""The quantized backend (llama.cpp): each GGUF type's verify cost beside PyTorch's, whether
+verification is serial or batch-parallel there, and the speculative pairs with a llama.cpp role.
+
+    generated/tab_quantized.tex  per quantized pair and mode: best K, speedup, greedy agreement,
+                                 divergences (earliest position, smallest logit margin)
+
+The stage is optional: without rows in quantized_verify_cost.csv or quantized_speculative.csv
+\QuantizedReady is false and the macros read '--'. The seed's claim of serial verification on a
+quantized Metal backend stays "not run" until a Mac's rows (device metal) are merged in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .. import tables
+from .section import Section, placeholders, stage
+from .settings import confidence
+from .tex import NONE, ci, human_list, percent, sig, tabular, tt
+
+REPORTED_K = (4, 8, 16)
+# What each token past the first costs in one-token passes ((ratio - 1) / K), the median over K:
+# at most BATCH_PARALLEL is batch-parallel, at least SERIAL is serial, between is partly serial.
+BATCH_PARALLEL, SERIAL = 0.25, 0.75
+
+
+def regime(extra_per_token: float) -> str:
+    if extra_per_token <= BATCH_PARALLEL:
+        return "batch-parallel"
+    return "serial" if extra_per_token >= SERIAL else "partly serial"
+
+
+def verify_summary(verify: pd.DataFrame) -> str:
+    """Per backend and model: the ratio at K = 4, 8, 16 (those measured)."""
+    parts = []
+    for (backend, model), g in verify.groupby(["backend", "model"], sort=True):
+        at = g[g["k"].isin(REPORTED_K)].sort_values("k")
+        values = ", ".join(f"{sig(r.ratio)} at $K={int(r.k)}$" for r in at.itertuples())
+        parts.append(f"{tt(backend)} ({tt(model)}): {values or NONE}")
+    return human_list(parts, empty=NONE)
+
+
+def serial_sentence(verify: pd.DataFrame) -> str:
+    """Whether verification is serial here, per backend, from the median extra cost per token."""
+    by = verify.groupby("backend")["extra_per_token"].median().sort_index()
+    groups: dict[str, list[str]] = {}
+    for backend, extra in by.items():
+        groups.setdefault(regime(extra), []).append(f"{tt(backend)} ({sig(extra, 2)})")
+    said = [f"{kind} on {human_list(names)}" for kind, names in sorted(groups.items())]
+    return (f"verification is {human_list(said)}, in one-token passes per extra token, the "
+            f"median over $K$ (about 0: batch-parallel; about 1: serial)")
+
+
+def greedy_sentence(spec: pd.DataFrame) -> str:
+    greedy = spec[spec["mode"] == "greedy"].dropna(subset=["agree"])
+    if not len(greedy):
+        return NONE
+    diverged = int(greedy["diverged"].fillna(0).sum())
+    text = (f"{percent(greedy['agree'].min())} of greedy sequences (the worst pair and $K$) "
+            f"equal the target's own greedy decoding; {diverged} diverged")
+    if diverged:
+        text += (f", the earliest at position {int(greedy['first_divergence'].min())}, the "
+                 f"smallest top-2 logit margin there {sig(greedy['min_margin'].min())}")
+    return text
+
+
+def pairs_table(spec: pd.DataFrame, level: str) -> str:
+    rows = []
+    for (pair, mode), g in spec.groupby(["pair", "mode"], sort=True) if len(spec) else ():
+        best = g.loc[g["speedup"].idxmax()]
+        roles = [f"{b} {q}".strip() for b, q in ((best["draft_backend"], best["draft_quant"]),
+                                                 (best["target_backend"], best["target_quant"]))]
+        greedy = mode == "greedy" and pd.notna(best["agree"])
+        rows.append([tt(pair), *roles, mode, str(int(best["k"])), sig(best["speedup"]),
+                     ci(best["ci_low"], best["ci_high"]),
+                     percent(g["agree"].min()) if greedy else NONE,
+                     str(int(g["diverged"].fillna(0).sum())) if greedy else NONE,
+                     sig(g["min_margin"].min()) if greedy and g["diverged"].sum() else NONE])
+    header = [f"Pair & draft & target & Mode & best $K$ & speedup & {level} CI & "
+              r"greedy equal & diverged & min margin \\"]
+    return tabular("@{}llllrrcrrr@{}", header, rows, "no quantized pair in this build")
+
+
+def built(verify: pd.DataFrame, spec: pd.DataFrame, settings: dict) -> Section:
+    metal = len(verify) and verify["device"].eq("metal").any()
+    macros = {
+        "QuantVerifySummary": verify_summary(verify) if len(verify) else NONE,
+        "QuantSerialSentence": serial_sentence(verify) if len(verify) else NONE,
+        "QuantGreedySentence": greedy_sentence(spec) if len(spec) else NONE,
+        "QuantBestSpeedup": (sig(spec["speedup"].max()) if len(spec) else NONE),
+        "QuantMetal": ("run" if metal else "not run"),
+    }
+    return Section(macros, {}, {"tab_quantized.tex": pairs_table(spec, confidence(settings))})
+
+
+def parts(stats_dir: Path, settings: dict) -> Section:
+    t = tables.read_group(stats_dir, "quantized")
+    verify, spec = t["verify_cost"], t["speculative"]
+    ran = bool(len(verify) or len(spec))
+    section = built(verify, spec, settings)
+    return stage("QuantizedReady", ran, section if ran else placeholders(section))

@@ -1,0 +1,173 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from test_sparse_kv import tiny_llama, tokens
+
+from decodelab import config as cfg
+from decodelab import equivalence as eq
+from decodelab import models, sources, train
+from decodelab.config import Sampling
+from decodelab.configcheck import schema_problem
+from decodelab.decode import decode
+from decodelab.errors import DecodelabError
+from decodelab.longctx import generate
+from decodelab.sparse_kv import POLICIES, Policy
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = 300  # per rule, in the sampled-law check
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(seed=4)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_greedy_self_speculation_equals_target_greedy(model, name):
+    prompt = tokens(120, seed=2)
+    want = decode(model, torch.tensor([prompt]), 30).tokens
+    for k in (1, 3, 6):
+        got = generate(model, prompt, 30, k, Policy(name, budget=32, seed=1))
+        assert got.tokens == want, f"K={k}"
+        assert sum(got.accepted) + got.target_calls == 30
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_budget_covering_the_context_drafts_exactly_the_target(model, name):
+    for mode in (Sampling(), Sampling(temperature=1.0)):
+        out = generate(model, tokens(50), 33, 4, Policy(name, budget=100), mode,
+                       torch.Generator().manual_seed(0), torch.Generator().manual_seed(1))
+        assert out.proposal_acceptance == 1.0
+        assert out.target_calls == 7  # 6 calls of 4+1 tokens, then one of 2+1 for the last 3
+
+
+def test_a_small_budget_is_rejected_sometimes(model):
+    # The control of the one above: the sparse draft is not the target's.
+    out = generate(model, tokens(200), 40, 4, Policy("sink_window", budget=8),
+                   Sampling(temperature=1.0), torch.Generator().manual_seed(0),
+                   torch.Generator().manual_seed(1))
+    assert out.proposal_acceptance < 1.0
+
+
+@pytest.fixture
+def one_thread():
+    # Thousands of tiny forwards: threads only contend on a shared machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def two_token_counts(model, prompt, rule, runs, policy, s):
+    counts = {}
+    for i in range(runs):
+        out = generate(model, prompt, 2, 1, policy, s, torch.Generator().manual_seed(2 * i),
+                       torch.Generator().manual_seed(2 * i + 1), accept=rule)
+        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+    return counts
+
+
+def test_sampled_self_speculation_emits_the_target_law(one_thread):
+    # Two tokens at vocabulary 8: the law of (x1, x2) against the target's, enumerated; the rule
+    # that keeps every draft token (it emits the sparse draft's law) must be rejected.
+    model = tiny_llama(seed=6, vocab=8)
+    model.lm_head.weight.data *= 10  # peaked enough that the sparse draft's law is far from p
+    prompt, s = tokens(24, seed=3, vocab=8), Sampling(temperature=1.0)
+    with torch.inference_mode():
+        law = eq.ar_law(lambda ctx: torch.softmax(
+            model(torch.tensor([prompt + list(ctx)])).logits[0, -1].double(), -1), 2)
+    outcomes = sorted(law)
+    expected = np.array([law[y] for y in outcomes])
+    policy = Policy("sink_window", budget=5)
+    p_values = {}
+    for name in ("correct", "accept_all"):
+        counts = two_token_counts(model, prompt, eq.SAMPLERS[name], RUNS, policy, s)
+        observed = np.array([counts.get(y, 0) for y in outcomes])
+        assert observed.sum() == RUNS
+        p_values[name] = eq.goodness_of_fit(observed, expected)["p_value"]
+    assert p_values["correct"] > 1e-3, p_values
+    assert p_values["accept_all"] < 1e-3, p_values
+
+
+def test_a_one_token_prompt_starts_from_an_empty_cache(model):
+    want = decode(model, torch.tensor([[3]]), 40).tokens
+    assert generate(model, [3], 40, 3, Policy("retrieval", budget=24)).tokens == want
+
+
+def test_an_empty_prompt_is_a_clear_error(model):
+    with pytest.raises(DecodelabError, match="at least one token"):
+        generate(model, [], 4, 2, Policy("full"))
+
+
+
+def planted_copies(n, period, seed):
+    """n sequences of `period` random tokens written twice: the second half is predictable
+    only from the token `period` - 1 positions back, outside any recent window."""
+    first = torch.randint(1, COPY_VOCAB, (n, period), generator=torch.Generator().manual_seed(seed))
+    return torch.cat([first, first], 1)
+
+
+COPY_VOCAB, PERIOD = 32, 48
+
+
+@pytest.fixture(scope="module")
+def copier():
+    """A 2-layer Llama trained in seconds to copy from PERIOD tokens back."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = tiny_llama(seed=0, vocab=COPY_VOCAB).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(120):
+        x = planted_copies(8, PERIOD, seed=step)
+        logits = model(input_ids=x[:, :-1], use_cache=False).logits[:, PERIOD:]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, PERIOD + 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.set_num_threads(threads)
+    return model.eval(), loss.item()
+
+
+def test_retrieval_beats_random_chunks_on_planted_copies(copier, one_thread):
+    model, loss = copier
+    assert loss < 0.1  # it copies
+    prompts = [seq[:PERIOD + 10].tolist() for seq in planted_copies(3, PERIOD, seed=1000)]
+    acceptance = {name: np.mean([generate(model, p, 24, 4, Policy(name, 32, seed=i))
+                                 .proposal_acceptance for i, p in enumerate(prompts)])
+                  for name in POLICIES}
+    assert acceptance["full"] == 1.0
+    assert acceptance["retrieval"] > acceptance["random_chunks"] + 0.2, acceptance
+    assert acceptance["random_chunks"] < 0.5, acceptance
+
+
+# the long-context model source
+
+
+LLAMA = {"source": "train", "arch": "llama", "n_layer": 1, "n_embd": 32, "n_head": 2,
+         "n_positions": 64, "vocab_size": 320, "corpus_mb": 0.4, "seq_len": 32,
+         "batch_size": 4, "steps": 20, "lr": 0.01, "seed": 1}
+
+
+def test_a_train_llama_is_a_rotary_model_on_the_hashed_corpus(tmp_path):
+    sources.prepare(LLAMA, tmp_path / "m")
+    model = models.load(tmp_path / "m", "cpu")
+    assert model.config.model_type == "llama"
+    info = models.read_manifest(tmp_path / "m")
+    assert info["family"] == "llama"
+    assert info["corpus"]["sha256"] == train.corpus_digest(train.corpus_files(0.4))
+    assert info["final_train_loss"] < info["initial_train_loss"]
+    assert cfg.model_family(LLAMA) == "llama"
+    assert cfg.model_family(LLAMA | {"arch": "gpt2"}) == "gpt2"
+
+
+def test_an_unknown_arch_is_refused_by_key(tmp_path):
+    with pytest.raises(DecodelabError, match="'arch'"):
+        sources.prepare(LLAMA | {"arch": "mamba"}, tmp_path / "m")
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["models"]["target"]["arch"] = "mamba"
+    assert "arch" in schema_problem(config, ROOT / "workflow/schemas/config.schema.yaml")
+    config["models"]["target"]["arch"] = "llama"
+    assert schema_problem(config, ROOT / "workflow/schemas/config.schema.yaml") is None
