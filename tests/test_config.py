@@ -112,7 +112,7 @@ def test_position_needs():
     needs = settings().position_needs()
     assert needs["gpt2-tiny"] == (224, "config 'sweep' (budget 192 + prompt length 32)")
     assert needs["target"] == (
-        145, "config 'speculative.parallelism' (context 128 + K 16 + 1)")
+        169, "config 'speculative.parallelism' (context 128 + 24 for 5 inner repeats + K 16 + 1)")
     assert needs["draft"] == (104, "config 'speculative' (prompt_len 32 + budget 64 + K 8)")
 
 

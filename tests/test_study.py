@@ -1,5 +1,7 @@
 """The speculative study's job: a shuffled grid with baselines and the HF peer, and its stats."""
 
+import random
+
 import pandas as pd
 import pytest
 
@@ -96,3 +98,14 @@ def test_runs_without_the_fair_baseline_say_their_speedup_is_over_the_stepped_on
     assert (speedup["baseline"] == "stepped").all() and "speedup_stepped" not in speedup
     acceptance = stats.acceptance_table(stats.spec_per_process(old), CI)
     assert acceptance["alpha"].between(0, 1).all()
+
+
+def test_every_parallelism_pass_of_a_size_starts_from_a_new_context_length():
+    """As `generate` meets them: no two passes of as many tokens start at one length (a fixed
+    length would hide cuDNN attention's plan per new length), packed after the context."""
+    ns = [n for n in [1, 2, 1, 5, 5, 2, 1] for _ in range(study.PASSES)]
+    begin = study.starts(ns, 100, random.Random(0))
+    for n in set(ns):
+        mine = [b for b, m in zip(begin, ns, strict=True) if m == n]
+        assert len(set(mine)) == len(mine)
+        assert sorted(mine) == list(range(100, 100 + len(mine)))

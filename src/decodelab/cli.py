@@ -397,6 +397,14 @@ def artifact_times(args):
         print(benchmarks.markdown(rows, str(host)))
 
 
+def add_timing(p: argparse.ArgumentParser) -> None:
+    """What every timed process takes: its pre-flight, its repeat, its threads, its output."""
+    add_machine(p)
+    p.add_argument("--repeat", type=int, required=True)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    p.add_argument("--out", required=True)
+
+
 def add_machine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--machine", default=os.environ.get(PREFLIGHT_ENV, "{}"),
                    help=f"config 'machine' (the pre-flight check), as JSON; default: "
@@ -421,11 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--backend", required=True, choices=["cpu", "cuda", "mps"])
     p.add_argument("--experiment", required=True, choices=["sweep", "ablation"])
-    p.add_argument("--repeat", type=int, required=True)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--spec", required=True, help="the sweep settings, as JSON")
-    add_machine(p)
-    p.add_argument("--out", required=True)
+    add_timing(p)
     p.set_defaults(func=sweep)
 
     p = verbs.add_parser("collect", help="merge raw runs into one tidy table")
@@ -488,10 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-gguf", help="the target's GGUF, where it runs in llama.cpp")
     p.add_argument("--draft-gguf", help="the draft's GGUF, where it runs in llama.cpp")
     p.add_argument("--spec", required=True, help="the study settings, as JSON")
-    add_machine(p)
-    p.add_argument("--repeat", type=int, required=True)
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", required=True)
+    add_timing(p)
     p.set_defaults(func=speculative)
 
     p = verbs.add_parser("parallelism", help="time K+1-token against 1-token target passes")
@@ -499,10 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--backend", required=True, choices=["cpu", "cuda", "mps"])
     p.add_argument("--spec", required=True)
-    add_machine(p)
-    p.add_argument("--repeat", type=int, required=True)
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", required=True)
+    add_timing(p)
     p.set_defaults(func=parallelism)
 
     p = verbs.add_parser("convert-gguf", help="a model to GGUF with llama.cpp's converter")
@@ -516,10 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--device", required=True, choices=["cpu", "cuda"])
     p.add_argument("--spec", required=True, help="config speculative.parallelism, as JSON")
-    add_machine(p)
-    p.add_argument("--repeat", type=int, required=True)
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", required=True)
+    add_timing(p)
     p.set_defaults(func=verify_cost)
 
     p = verbs.add_parser("quantized-stats", help="verify cost per type; quantized pairs' rows")

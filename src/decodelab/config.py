@@ -191,6 +191,17 @@ class Parallelism:
     inner: int = 5
 
 
+# Passes per parallelism row: one pass of a small target lasts less than the scheduler's 10 ms
+# tick, so a single preemption doubled a row; the mean of a few does not.
+PASSES = 4
+
+
+def parallelism_span(inner: int) -> int:
+    """How far past its context a parallelism process's passes start (warm-up rows included):
+    each pass from a context length new to passes of its size (decodelab.study.parallelism)."""
+    return (inner + 1) * PASSES
+
+
 @dataclass(frozen=True)
 class Speculative:
     """Config 'speculative': the study's grid, its configurations and its sampled mode."""
@@ -457,13 +468,15 @@ class Settings:
         spec_why = (f"config 'speculative' (prompt_len {spec.prompt_len} + budget "
                     f"{spec.budget} + K {k})")
         par_k = max(par.ks)
-        par_why = f"config 'speculative.parallelism' (context {par.context} + K {par_k} + 1)"
+        par_tokens = par.context + parallelism_span(par.inner) + par_k + 1
+        par_why = (f"config 'speculative.parallelism' (context {par.context} + "
+                   f"{parallelism_span(par.inner)} for {par.inner} inner repeats + K {par_k} + 1)")
         for pair in spec.pairs.values():
             need(pair.draft, spec_tokens, spec_why)
             need(pair.target, spec_tokens, spec_why)
-            need(pair.target, par.context + par_k + 1, par_why)  # only targets are timed
+            need(pair.target, par_tokens, par_why)  # only targets are timed
         for name in self.quantized.models:
-            need(name, par.context + par_k + 1, par_why)
+            need(name, par_tokens, par_why)
         return needs
 
 

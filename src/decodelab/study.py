@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from . import graphs, machine, models
-from .config import Sampling
+from .config import PASSES, Sampling, parallelism_span
 from .decode import decode, new_cache
 from .devices import fingerprint, now
 from .llamacpp import load_role, quantized_roles
@@ -163,25 +163,51 @@ def parallelism_rows(ks: list[int], inner: int) -> tuple[int, str]:
     return (len(ks) + 1) * inner, f"1 and K+1 tokens for K in {list(ks)} x {inner} inner repeats"
 
 
+def starts(ns: list[int], context: int, rng: random.Random) -> list[int]:
+    """Per pass of ns[i] tokens, the context length it starts from: one that no other pass of as
+    many tokens starts from. `generate` meets a new key length at every call, and cuDNN
+    attention builds a plan per new length (results/reference/cuda-h200/diagnostics/cudnn_sdpa):
+    a fixed length would hide that cost."""
+    free = {n: rng.sample(range(context, context + ns.count(n)), ns.count(n)) for n in set(ns)}
+    return [free[n].pop() for n in ns]
+
+
+def seek(model, cache, ctx: torch.Tensor, length: int) -> None:
+    """Leave `cache` holding exactly ctx[:length] (untimed)."""
+    rollback(cache, length)
+    have = cache.get_seq_length()
+    if have < length:
+        feed(model, cache, ctx[have:length])
+
+
 @torch.inference_mode()
 def parallelism(model, ks: list[int], context: int, inner: int, seed: int) -> pd.DataFrame:
-    """Target forward time on K+1 tokens over its time on 1 token at the same context length."""
+    """Target forward time on K+1 tokens over its time on 1 token at about the same context:
+    each row is the mean of PASSES passes, each from a context length in [context, context +
+    parallelism_span) that no other pass of as many tokens starts from."""
     job = machine.Job()
     device = model.device
     gen = torch.Generator().manual_seed(seed)
-    ctx = torch.randint(0, model.config.vocab_size, (context + max(ks) + 1,), generator=gen)
-    ctx = ctx.to(device)
+    longest = context + parallelism_span(inner) + max(ks) + 1
+    ctx = torch.randint(0, model.config.vocab_size, (longest,), generator=gen).to(device)
     cache = new_cache(model)
     models.require_finite(feed(model, cache, ctx[:context]), model, "target", "on the context")
+    rng = random.Random(seed)
     trials = [n for n in [1, *[k + 1 for k in ks]] for _ in range(inner)]
-    random.Random(seed).shuffle(trials)
+    rng.shuffle(trials)
+    trials = [1, 2, *trials]  # the first two rows warm up
+    begin = iter(starts([n for n in trials for _ in range(PASSES)], context, rng))
     rows = []
-    for n in [1, 2, *trials]:  # the first two calls warm up
+    for n in trials:
         with machine.watched() as load:
-            start = now(device)
-            logits = feed(model, cache, ctx[context:context + n])
-            seconds = now(device) - start
-        rows.append({"tokens": n, "seconds": seconds, **load})
-        rollback(cache, context)
+            seconds = 0.0
+            for _ in range(PASSES):
+                at = next(begin)
+                seek(model, cache, ctx, at)
+                tokens = ctx[at:at + n]
+                start = now(device)
+                logits = feed(model, cache, tokens)
+                seconds += now(device) - start
+        rows.append({"tokens": n, "seconds": seconds / PASSES, "passes": PASSES, **load})
     models.require_finite(logits, model, "target", "in the last timed pass")
     return pd.DataFrame(rows[2:]).assign(context=context, **job.columns())
