@@ -12,9 +12,13 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make
 
 from decodelab import gguf_convert, models, sources, study  # noqa: E402
 from decodelab.config import GREEDY, QUANT_TYPES, Sampling  # noqa: E402
-from decodelab.decode import decode  # noqa: E402
+from decodelab.decode import (  # noqa: E402
+    decode,  # noqa: E402
+    first_divergence,
+    margin,
+)
 from decodelab.errors import DecodelabError  # noqa: E402
-from decodelab.llamacpp import Engine, first_divergence, margin  # noqa: E402
+from decodelab.llamacpp import Engine  # noqa: E402
 from decodelab.quantized import verify_cost, with_divergence  # noqa: E402
 from decodelab.speculative import generate  # noqa: E402
 

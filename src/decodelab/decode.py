@@ -64,6 +64,21 @@ def forward_logits(model, ids: torch.Tensor, cache: DynamicCache | None) -> torc
     return model(input_ids=ids, **kwargs).logits[:, -1, :]
 
 
+def first_divergence(ours: list[int], reference: list[int]) -> int | None:
+    """The first position where two token sequences differ, None where they agree."""
+    return next((i for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b),
+                None)
+
+
+@torch.inference_mode()
+def margin(model, prefix: list[int]) -> float:
+    """The gap between the model's two largest next-token logits after `prefix`, evaluated
+    afresh: how close to a tie greedy decoding was where two sequences part."""
+    ids = torch.tensor([prefix], device=model.device)
+    top = forward_logits(model, ids, new_cache(model))[0].float().topk(2).values
+    return float(top[0] - top[1])
+
+
 def next_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                generator: torch.Generator | None) -> torch.Tensor:
     if temperature == 0:

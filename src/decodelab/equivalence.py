@@ -31,7 +31,7 @@ import torch
 from scipy import stats
 
 from .config import Sampling
-from .decode import decode
+from .decode import decode, first_divergence, margin
 from .sampling import emitted_distribution, sample, speculative_accept, warp
 from .speculative import device_of, generate
 
@@ -519,12 +519,10 @@ def greedy_agreement(target, draft, prompts: Sequence[Sequence[int]], budget: in
         prompt = list(prompt)
         ar = decode(target, torch.tensor([prompt], device=t_dev), budget, role="target").tokens
         spec = generate(target, draft, prompt, budget, k).tokens
-        if spec == ar:
-            continue
-        j = next(j for j, (x, y) in enumerate(zip(ar, spec, strict=True)) if x != y)
-        ids = torch.tensor([prompt + ar[:j]], device=t_dev)
-        top2 = target(input_ids=ids).logits[0, -1].float().topk(2).values
-        divergences.append({"prompt": i, "position": j, "margin": float(top2[0] - top2[1])})
+        j = first_divergence(spec, ar)
+        if j is not None:
+            divergences.append({"prompt": i, "position": j,
+                                "margin": margin(target, prompt + ar[:j])})
     return {"fraction_equal": 1 - len(divergences) / len(prompts), "divergences": divergences}
 
 

@@ -130,18 +130,3 @@ def load_role(model_dir: str | Path, pair: dict, role: str):
 def quantized_roles(pair: dict) -> list[str]:
     return [role for role in ("target", "draft") if pair.get(f"{role}_backend") == "llamacpp"]
 
-
-def first_divergence(ours: list[int], reference: list[int]) -> int | None:
-    """The first position where two token sequences differ, None where they agree."""
-    return next((i for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b),
-                None)
-
-
-@torch.inference_mode()
-def margin(engine: Engine, prefix: list[int]) -> float:
-    """The gap between the engine's two largest next-token logits after `prefix`, evaluated
-    afresh: how close to a tie greedy decoding was where two sequences part."""
-    logits = engine(torch.tensor([prefix]), past_key_values=engine.new_cache()).logits[0, -1]
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
-

@@ -100,6 +100,6 @@ def speculate(model, prompt: list[int], budget: int, k: int, policy: Policy,
     check_finite({"target": model, "draft": model}, kept)
     out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
     if len(prompt) > 1:
-        out.prefill_s = out.verify_s - spans.seconds("target", first=1)
+        out.prefill_s = spans.first("target")
     out.tokens = seq[len(prompt):]
     return out

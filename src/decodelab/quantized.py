@@ -11,15 +11,9 @@ from pathlib import Path
 import pandas as pd
 
 from . import study
+from .decode import first_divergence, margin
 from .devices import fingerprint
-from .llamacpp import (
-    Engine,
-    backend_label,
-    build_info,
-    first_divergence,
-    margin,
-    quantized_roles,
-)
+from .llamacpp import Engine, backend_label, build_info, quantized_roles
 from .train import heldout_prompts
 
 

@@ -115,9 +115,13 @@ class Spans:
         with self.span(role, ids.device):
             return feed(model, cache, ids)
 
-    def seconds(self, role: str, first: int = 0) -> float:
-        """Summed time of the role's passes from the `first` on; call after the last timestamp."""
-        return sum(span_seconds(s) for s in self.spans[role][first:])
+    def seconds(self, role: str) -> float:
+        """Summed time of the role's passes; call after the last timestamp."""
+        return sum(span_seconds(s) for s in self.spans[role])
+
+    def first(self, role: str) -> float:
+        """The time of the role's first pass (the target's: the prompt)."""
+        return span_seconds(self.spans[role][0])
 
 
 def span_seconds(span) -> float:
@@ -233,7 +237,7 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     out.total_s = now(t_dev) - start
     check_finite({"target": target, "draft": draft}, kept)
     out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
-    out.prefill_s = spans.seconds("target") - spans.seconds("target", first=1)
+    out.prefill_s = spans.first("target")
     out.tokens = seq[len(prompt):]
     return out
 
@@ -259,5 +263,5 @@ def autoregressive(model, prompt: list[int], budget: int, s: Sampling = GREEDY,
     out.total_s = now(device) - start
     check_finite({"target": model}, {"target": [first, logits]})
     out.verify_s = spans.seconds("target")
-    out.prefill_s = out.verify_s - spans.seconds("target", first=1)
+    out.prefill_s = spans.first("target")
     return out
