@@ -33,6 +33,7 @@ include: "workflow/rules/stats.smk"
 include: "workflow/rules/speculative.smk"
 include: "workflow/rules/verification.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/long.smk"
 include: "workflow/rules/paper.smk"
 include: "workflow/rules/artifact.smk"
 

@@ -4,9 +4,12 @@
 # in .gpu/wheels/ and reused when carried back), the trained pair (config.yaml's shapes, trained
 # on the GPU) and init GPT-2 converted to F16/Q8_0/Q4_0 with the converter in that tree, each
 # type's verify cost on CUDA (K = 1..16, every layer offloaded) beside PyTorch's, and speculative
-# rows over a quantized CUDA target (greedy and sampled), all through decodelab's CLI (no
-# snakemake there). Writes $OUT/quantized-cuda.tgz: results/reference/cuda-h200/quantized/
-# (raw/, stats/, logs/, commands.sh, env.txt) and, when it was built here, the wheel.
+# rows over a quantized CUDA target (greedy and sampled), and llama.cpp's own speculative example
+# on the same GGUF pair (the peer: llama-speculative and llama-completion built from the wheel's
+# CMake tree in .gpu/build, only those targets; from the carried source where that tree is not
+# here), all through decodelab's CLI (no snakemake there). Writes $OUT/quantized-cuda.tgz:
+# results/reference/cuda-h200/quantized/ (raw/, stats/, logs/, commands.sh, env.txt) and, when
+# it was built here, the wheel.
 # Usage: scripts/quantized_cuda.sh SECONDS [--no-build]   (--no-build: the installed llama_cpp)
 # Its test on a CPU: DECODELAB_QUANT_DEVICE=cpu DECODELAB_QUANT_STEPS=20
 # DECODELAB_QUANT_GPT2=gpt2-tiny DECODELAB_QUANT_REPEATS=1 scripts/quantized_cuda.sh 900 --no-build
@@ -63,6 +66,17 @@ if [ "$build" != --no-build ]; then
 	python3 -m pip install -q --no-deps --no-index --target /tmp/site "$wheel" .gpu/whl/*.whl \
 		>"$log/install.log" 2>&1 || { say "install FAILED"; cat "$log/install.log"; pack 1; }
 	export PYTHONPATH=/tmp/site:$PWD/src
+	export DECODELAB_LLAMA_PEER=$PWD/.gpu/peer
+	if [ ! -x .gpu/peer/llama-speculative ]; then
+		# the wheel's tree (this call or an earlier one on this machine) adds only two programs
+		peer_tree=.gpu/build peer_src=$src
+		[ -f .gpu/build/CMakeCache.txt ] || { peer_tree=.gpu/peer-build; peer_src=$src/vendor/llama.cpp; }
+		say "building llama.cpp's peer programs in $peer_tree"
+		# shellcheck disable=SC2086
+		CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout "$(limit 200)" scripts/llama_peer_build.sh \
+			"$peer_src" "$PWD/$peer_tree" .gpu/peer $cmake_args >"$log/peer-build.log" 2>&1 ||
+			{ say "peer build FAILED or out of time"; tail -n 20 "$log/peer-build.log"; }
+	fi
 else
 	export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 fi
@@ -132,6 +146,18 @@ pair() {  # name, target backend/quant, draft backend/quant, draft device
 pair q4-q8-$device llamacpp Q4_0 Q8_0 "$device"
 pair cpu-q4-$device llamacpp Q4_0 pytorch cpu
 
+peer() {  # llama.cpp's own speculative example on pair $1's GGUF files: target $2, draft $3
+	for rep in $(seq 0 $((reps < 2 ? reps - 1 : 1))); do
+		[ "$(left)" -gt 60 ] || return 0
+		run "peer_$1_$rep" $h/llama.cpp-peer/$1/rep$rep.parquet llama-peer --pair "$1" \
+			--target-gguf results/gguf/target/$2.gguf --draft-gguf results/gguf/draft/$3.gguf \
+			--target-dir results/models/target --device "$device" --spec "$study" \
+			--repeat $rep --out $h/llama.cpp-peer/$1/rep$rep.parquet
+	done
+	say "llama.cpp's own speculative on $1 done"
+}
+peer q4-q8-$device Q4_0 Q8_0
+
 say "statistics"
 stats='{"confidence": 0.95, "bootstrap_resamples": 2000, "seed": 7}'
 mkdir -p $ref/stats
@@ -139,18 +165,26 @@ shopt -s nullglob
 spec_runs=($h/speculative/*/rep*.parquet)
 verdicts=$ref/stats/verdicts_speculative.csv
 run verdicts /nonexistent verdicts --study speculative --spec '{}' --out $verdicts "${spec_runs[@]}"
+par_verdicts=$ref/stats/verdicts_parallelism.csv  # PyTorch's and llama.cpp's, judged alike
+run par_verdicts /nonexistent verdicts --study parallelism --spec '{}' --out $par_verdicts \
+	$h/*/parallelism/*/rep*.parquet
 run spec_stats /nonexistent spec-stats --spec "$stats" --verdicts $verdicts --out $ref/stats \
 	--runs "${spec_runs[@]}" --parallelism $h/$device/parallelism/*/rep*.parquet
 run quantized_stats /nonexistent quantized-stats --spec "$stats" --stats $ref/stats --out $ref/stats \
-	--verify-cost $h/llama.cpp-*/parallelism/*/rep*.parquet --runs "${spec_runs[@]}"
+	--verdicts $par_verdicts \
+	--verify-cost $h/llama.cpp-*/parallelism/*/rep*.parquet --runs "${spec_runs[@]}" \
+	--peer $h/llama.cpp-peer/*/rep*.parquet
 python3 - "$ref/stats" <<'EOF' | tee "$log/summary.txt"
 import sys
 import pandas as pd
 v = pd.read_csv(f"{sys.argv[1]}/quantized_verify_cost.csv")
-print(v[v["k"].isin([4, 8, 16])][["backend", "model", "k", "ratio", "ci_low", "ci_high"]]
+print(v[v["k"].isin([4, 8, 16])][["backend", "model", "k", "ratio", "ci_low", "ci_high", "stable"]]
       .to_string(index=False))
 s = pd.read_csv(f"{sys.argv[1]}/quantized_speculative.csv")
 print(s[["pair", "mode", "k", "speedup", "agree", "diverged", "min_margin"]].to_string(index=False))
+p = pd.read_csv(f"{sys.argv[1]}/quantized_peer.csv")
+print(p[["pair", "mode", "k", "peer_speedup", "peer_acceptance", "peer_tokens_per_s",
+         "decodelab_speedup", "decodelab_proposal_acceptance"]].to_string(index=False))
 EOF
 for m in target draft gpt2; do cp results/models/$m/decodelab.json $ref/logs/model_$m.json 2>/dev/null; done
 pack 0

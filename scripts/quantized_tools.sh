@@ -1,8 +1,10 @@
 #!/bin/sh
 # The quantized backend's tools (`make quantized-tools`): llama-cpp-python built from its source
-# distribution once per machine into a wheel kept in $WHEELS and installed into the venv, and
+# distribution once per machine into a wheel kept in $WHEELS and installed into the venv,
 # llama.cpp's converter (convert_hf_to_gguf.py, conversion/, the gguf-py it is written against)
-# kept from the same sdist in $CONVERTER. Nothing of llama.cpp is committed.
+# kept from the same sdist in $CONVERTER, and llama.cpp's llama-speculative and llama-completion
+# (the peer, decodelab.llamapeer) built from the llama.cpp it vendors into $PEER, with the
+# wheel's flags. Nothing of llama.cpp is committed.
 # Usage: scripts/quantized_tools.sh PYTHON VERSION
 set -eu
 python=$1
@@ -14,6 +16,7 @@ converter=${DECODELAB_LLAMA_CONVERTER:-$cache/decodelab/llama.cpp-converter-$ver
 # environment replaces it (Metal on a Mac is llama.cpp's default; CUDA: -DGGML_CUDA=on).
 cmake_args=${CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF}
 sdist_dir=$cache/decodelab/llama-cpp-python-sdist
+peer=${DECODELAB_LLAMA_PEER:-$cache/decodelab/llama.cpp-peer-$version}
 
 sdist() {
 	[ -n "$(ls "$sdist_dir"/llama_cpp_python-"$version".tar.gz 2>/dev/null)" ] ||
@@ -29,6 +32,15 @@ if [ ! -f "$converter/conversion/__init__.py" ]; then
 	mkdir -p "$converter"
 	cp -r "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py" "$converter/"
 	rm -rf "$tmp"
+fi
+
+if [ ! -x "$peer/llama-speculative" ] || [ ! -x "$peer/llama-completion" ]; then
+	src=$cache/decodelab/llama.cpp-src-$version  # kept until built: a failed build resumes
+	[ -d "$src" ] || { mkdir -p "$src" && tar -xzf "$(sdist)" -C "$src" --strip-components=3 \
+		"llama_cpp_python-$version/vendor/llama.cpp"; }
+	# shellcheck disable=SC2086
+	"$(dirname "$0")/llama_peer_build.sh" "$src" "$src-build" "$peer" $cmake_args
+	rm -rf "$src" "$src-build" "$src-build.configure.log"
 fi
 
 if "$python" -c "import importlib.metadata as m, sys; \

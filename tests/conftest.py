@@ -27,12 +27,31 @@ def compiles_latex(item: pytest.Item) -> bool:
     return any(LATEX_BUILD.search(inspect.getsource(f)) for f in functions if f is not None)
 
 
+def reads_the_default_dag(item: pytest.Item) -> bool:
+    return "default_dag" in getattr(item, "fixturenames", ())
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `latex` every test that compiles the paper, so `-m "not latex"` leaves it out."""
+    """Mark `latex` every test that compiles the paper, so `-m "not latex"` leaves it out.
+    The default DAG is the longest build of a full run. The file of the first test that reads
+    it goes first, its readers first; the other files that read it go last, their readers
+    last. Under `--dist loadfile --no-loadscope-reorder` (the Makefile) one worker starts the
+    DAG at once and waits on it while the other runs every other file."""
     for item in items:
         if compiles_latex(item):
             item.add_marker(pytest.mark.latex)
+    readers = [item for item in items if reads_the_default_dag(item)]
+    if readers:
+        first, files = readers[0].path, {item.path for item in readers}
+
+        def rank(item: pytest.Item) -> tuple[int, bool]:
+            reads = reads_the_default_dag(item)
+            if item.path == first:
+                return 0, not reads
+            return (2, reads) if item.path in files else (1, False)
+
+        items.sort(key=rank)
 
 
 TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128,

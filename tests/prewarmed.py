@@ -1,10 +1,10 @@
 """`snakemake` runs forked from a process that has imported Snakemake once.
 
-Importing Snakemake and its plugins costs each `snakemake` process about 2 s of CPU before it
-reads the Snakefile, and the tests start about sixty. A forkserver imports it once; every run is
-still a process of its own, forked from it: its own working directory, environment, standard
-streams (stdin /dev/null) and exit status, running the `snakemake` script (or
-tests/job_plan.py) as `python SCRIPT ARGS` would.
+Importing Snakemake and collecting its plugins cost each `snakemake` process about 3 s of CPU
+before it reads the Snakefile, and the tests start about sixty. A forkserver does both once
+(tests/snakemake_warm.py); every run is still a process of its own, forked from it: its own
+working directory, environment, standard streams (stdin /dev/null) and exit status, running the
+`snakemake` script (or tests/job_plan.py) as `python SCRIPT ARGS` would.
 """
 
 import multiprocessing
@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 
 CONTEXT = multiprocessing.get_context("forkserver")
-CONTEXT.set_forkserver_preload(["__main__", "snakemake.cli"])  # __main__: pytest, once
+# __main__: pytest, once; a module that fails to import is skipped, so snakemake.cli stays
+CONTEXT.set_forkserver_preload(["__main__", "snakemake.cli", "snakemake_warm"])
 
 
 def run_script(cmd: list[str], cwd: str, env: dict, out: str, err: str) -> None:

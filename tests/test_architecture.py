@@ -21,10 +21,11 @@ LAYERS = {
     "plan": {"config", "configcheck", "probe", "shapes"},
     "measure": {"devices", "models", "sources", "train", "decode", "sampling", "speculative",
                 "sweep", "study", "equivalence", "verify", "machine", "gguf_convert", "llamacpp",
-                "graphs", "quantized", "sparse_kv", "longctx"},
+                "llamapeer", "graphs", "quantized", "sparse_kv", "longctx", "batched", "batchstudy",
+                "longstudy", "budgetdraft"},
     "analyze": {"stats", "theory", "regimes", "regime_depth", "changepoints", "phases",
                 "variance", "memory", "onsets", "collapse", "stability", "selection",
-                "quantized_stats"},
+                "quantized_stats", "scheduler", "batchsim", "longstats"},
     "report": {"tables", "figures", "paper", "reference", "hosts", "benchmarks"},
     "cli": {"cli"},
 }

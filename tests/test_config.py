@@ -17,7 +17,7 @@ from decodelab.errors import DecodelabError
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 PROFILES = ["config.yaml", "config/gpu.yaml", "config/paper.yaml", "config/paper-offline.yaml",
-            "config/quantized.yaml"]
+            "config/quantized.yaml", "config/long.yaml"]
 
 
 def validated(path: str = "config.yaml", **changes) -> dict:

@@ -217,6 +217,7 @@ def test_power_single_step():
         assert eq.power(level, name, POWER_SEEDS, alpha=0.01) >= 0.9
 
 
+@pytest.mark.slow  # 30 Monte Carlo runs of 800 blocks: the power needs them
 def test_power_block():
     level = eq.block_level(TARGET, DRAFT, k=2, m=3, n=800)
     assert eq.power(level, "correct", POWER_SEEDS, alpha=0.05) <= 0.2

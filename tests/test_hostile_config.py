@@ -208,9 +208,10 @@ def adversarial(c):
     """Names that are also directory and file names of the layout, every backend planned."""
     models = c["models"]
     renamed = {"gpt2-tiny": "sweep", "opt-tiny": "ablation", "bloom-tiny": "rep0.parquet",
-               "target": "parallelism", "draft": "speculative"}
+               "target": "parallelism", "draft": "speculative", "long-target": "long"}
     c["models"] = {renamed[k]: v for k, v in models.items()}
     c["models"]["speculative"]["teacher"] = "parallelism"
+    c["long"]["target"] = "long"
     c["models"]["stats"] = {"source": "hf", "repo": "org/model", "revision": "0" * 40}
     c["sweep"]["models"] = ["sweep", "ablation", "rep0.parquet", "stats"]
     pairs = {"exact": "cpu-cpu", "monte_carlo": "cuda-cuda", "cpu": "cpu-cuda",
@@ -267,7 +268,8 @@ def test_every_planned_file_is_unique_and_inside_its_tree(adversarial_plan):
     assert not outside, outside
     models = {path for rule, kind, path in files if rule == "prepare_model" and kind == "output"}
     assert models == {f"results/models/{m}" for m in
-                      ("sweep", "ablation", "rep0.parquet", "parallelism", "speculative", "stats")}
+                      ("sweep", "ablation", "rep0.parquet", "parallelism", "speculative", "stats",
+                       "long")}
 
 
 def test_the_hf_model_job_is_given_the_longest_sequence_to_check(adversarial_plan):
@@ -311,10 +313,12 @@ def test_every_list_of_the_schema_must_hold_something_unless_empty_makes_sense()
     from decodelab.configcheck import schema_problem
 
     schema = yaml.safe_load(SCHEMA.read_text())
-    lists = [tuple(p for p in path if p != "properties") for path, s in schema_walk(schema)
-             if s.get("type") == "array" and path[-2:-1] == ("properties",)]
-    # No hosts to merge, nothing assumed, no model measured in llama.cpp (the default profile).
-    may_be_empty = {("hosts",), ("assume_available",), ("quantized", "models")}
+    lists = [path[1::2] for path, s in schema_walk(schema)  # lists at a fixed config key
+             if s.get("type") == "array" and set(path[::2]) == {"properties"}]
+    # No hosts to merge, nothing assumed, no model measured in llama.cpp and no peer run (the
+    # default profile).
+    may_be_empty = {("hosts",), ("assume_available",), ("quantized", "models"),
+                    ("quantized", "peer")}
     assert {path for path in lists if not schema_at(schema, path).get("minItems")} == may_be_empty
     for path in set(lists) - may_be_empty:
         config = copy.deepcopy(DEFAULT)

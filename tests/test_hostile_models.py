@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 import decodelab
 from decodelab import cli, models, sources, study, sweep, verify
-from decodelab.config import Sampling
+from decodelab.config import Pair, Sampling, SweepJob, Verification
 from decodelab.errors import DecodelabError
 from decodelab.speculative import generate
 
@@ -290,7 +290,8 @@ def assert_nan_error(err, role: str, model_dir: str, where: str) -> None:
 ], ids=["nan-weights", "nan-late-positions"])
 def test_sweep_stops_on_a_nan_model(nan_models, which, where):
     with pytest.raises(DecodelabError) as err:
-        sweep.run(nan_models[which], "nan", "cpu", SWEEP, 0, "sweep", progress=False)
+        sweep.run(nan_models[which], "nan", "cpu", SweepJob.from_spec(SWEEP), 0, "sweep",
+                  progress=False)
     assert_nan_error(err, "model", nan_models[which], where)
 
 
@@ -341,11 +342,16 @@ def test_parallelism_stops_on_a_model_nan_at_late_positions(nan_models, tmp_path
 
 
 def test_verify_real_stops_on_a_nan_target(tiny_pair, nan_models):
-    spec = {"k": 2, "alpha": 0.01, "seeds": 1, "seed": 0,
-            "real": {"tokens": 64, "budget": 16, "top": 20, "prompts": 2, "power_tokens": 32,
-                     "greedy_prompts": 2}}
+    spec = Verification.from_spec({
+        "k": 2, "alpha": 0.01, "seeds": 1, "seed": 0,
+        "exact": {"random_pairs": 1, "vocab_sizes": [2], "concentrations": [1.0],
+                  "real_positions": 1, "block_vocab": 2, "block_ks": [1]},
+        "monte_carlo": {"draws": 1, "vocab": 2, "block_draws": 1},
+        "real": {"tokens": 64, "budget": 16, "top": 20, "prompts": 2, "power_tokens": 32,
+                 "greedy_prompts": 2}})
+    pair = Pair("target", "draft", target_device="cpu", draft_device="cpu")
     with pytest.raises(DecodelabError) as err:
-        verify.run_real(spec, "cpu-cpu", PAIR, nan_models["target"], tiny_pair[1], 0)
+        verify.run_real(spec, "cpu-cpu", pair, nan_models["target"], tiny_pair[1], 0)
     assert_nan_error(err, "target", nan_models["target"], "on a probe input")
 
 
@@ -370,7 +376,8 @@ def test_finite_models_pass_every_check(tiny_pair, tiny_dir):
     df = study.run(*tiny_pair, "cpu-cpu", PAIR, STUDY | {"modes": ["greedy", "sampled"]}, 0,
                    progress=False)
     assert len(df) > 0
-    assert len(sweep.run(str(tiny_dir), "gpt2-tiny", "cpu", SWEEP, 0, "sweep", progress=False))
+    assert len(sweep.run(str(tiny_dir), "gpt2-tiny", "cpu", SweepJob.from_spec(SWEEP), 0, "sweep",
+                         progress=False))
 
 
 # prepare() deletes only the directory it was asked for

@@ -20,8 +20,12 @@ SPEC = {"ks": [1, 3], "modes": ["greedy"], "temperature": 1.0, "top_k": 0, "top_
         "prompts": 2, "prompt_len": 8, "budget": 8, "hf_assisted": True, "seed": 3}
 PAIR = {"target_device": "cpu", "draft_device": "cpu", "dtype": "float32"}
 PARALLELISM = {"ks": [1, 2], "context": 8, "inner": 2, "dtype": "float32", "seed": 0}
-VERIFY = {"k": 2, "alpha": 0.01, "seeds": 2, "monte_carlo": {"draws": 200, "vocab": 4,
-                                                             "block_draws": 100}}
+VERIFY = {"k": 2, "alpha": 0.01, "seeds": 2, "seed": 0,
+          "exact": {"random_pairs": 1, "vocab_sizes": [2], "concentrations": [1.0],
+                    "real_positions": 1, "block_vocab": 2, "block_ks": [1]},
+          "monte_carlo": {"draws": 200, "vocab": 4, "block_draws": 100},
+          "real": {"tokens": 8, "budget": 4, "top": 2, "prompts": 1, "power_tokens": 8,
+                   "greedy_prompts": 1}}  # a job's whole spec; the monte-carlo level reads its own
 STATS = {"confidence": 0.9, "bootstrap_resamples": 50, "seed": 0}
 
 

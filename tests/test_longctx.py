@@ -1,3 +1,4 @@
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -5,6 +6,7 @@ import pytest
 import torch
 import yaml
 from test_sparse_kv import tiny_llama, tokens
+from transformers import DynamicCache
 
 from decodelab import config as cfg
 from decodelab import equivalence as eq
@@ -13,8 +15,9 @@ from decodelab.config import Sampling
 from decodelab.configcheck import schema_problem
 from decodelab.decode import decode
 from decodelab.errors import DecodelabError
-from decodelab.longctx import generate
+from decodelab.longctx import SeparateDraft, generate
 from decodelab.sparse_kv import POLICIES, Policy
+from decodelab.speculative import Spans, feed
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 300  # per rule, in the sampled-law check
@@ -61,20 +64,28 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def two_token_counts(model, prompt, rule, runs, policy, s):
+def two_token_counts(model, prompt, rule, runs, policy, s, drafter=None):
     counts = {}
     for i in range(runs):
         out = generate(model, prompt, 2, 1, policy, s, torch.Generator().manual_seed(2 * i),
-                       torch.Generator().manual_seed(2 * i + 1), accept=rule)
+                       torch.Generator().manual_seed(2 * i + 1), accept=rule, drafter=drafter)
         counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
     return counts
 
 
-def test_sampled_self_speculation_emits_the_target_law(one_thread):
+def peaked_llama(seed):
+    model = tiny_llama(seed=seed, vocab=8)
+    model.lm_head.weight.data *= 10  # peaked enough that the sparse draft's law is far from p
+    return model
+
+
+@pytest.mark.parametrize("drafter_seed", [None, pytest.param(7, marks=pytest.mark.slow)],
+                         ids=["self", "drafter"])
+def test_sampled_sparse_speculation_emits_the_target_law(one_thread, drafter_seed):
     # Two tokens at vocabulary 8: the law of (x1, x2) against the target's, enumerated; the rule
     # that keeps every draft token (it emits the sparse draft's law) must be rejected.
-    model = tiny_llama(seed=6, vocab=8)
-    model.lm_head.weight.data *= 10  # peaked enough that the sparse draft's law is far from p
+    model = peaked_llama(6)
+    drafter = None if drafter_seed is None else peaked_llama(drafter_seed)
     prompt, s = tokens(24, seed=3, vocab=8), Sampling(temperature=1.0)
     with torch.inference_mode():
         law = eq.ar_law(lambda ctx: torch.softmax(
@@ -84,12 +95,66 @@ def test_sampled_self_speculation_emits_the_target_law(one_thread):
     policy = Policy("sink_window", budget=5)
     p_values = {}
     for name in ("correct", "accept_all"):
-        counts = two_token_counts(model, prompt, eq.SAMPLERS[name], RUNS, policy, s)
+        counts = two_token_counts(model, prompt, eq.SAMPLERS[name], RUNS, policy, s, drafter)
         observed = np.array([counts.get(y, 0) for y in outcomes])
         assert observed.sum() == RUNS
         p_values[name] = eq.goodness_of_fit(observed, expected)["p_value"]
     assert p_values["correct"] > 1e-3, p_values
     assert p_values["accept_all"] < 1e-3, p_values
+
+
+# a separate drafter with its own sparse cache
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    return tiny_llama(seed=5)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_greedy_with_a_sparse_drafter_equals_target_greedy(model, drafter, name):
+    prompt = tokens(120, seed=2)
+    want = decode(model, torch.tensor([prompt]), 30).tokens
+    for k in (1, 4):
+        got = generate(model, prompt, 30, k, Policy(name, budget=32, seed=1), drafter=drafter)
+        assert got.tokens == want, f"K={k}"
+        assert sum(got.accepted) + got.target_calls == 30
+        assert got.draft_forwards == got.proposed + got.target_calls  # one catch-up per call
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_drafter_equal_to_the_target_with_a_covering_budget_is_always_accepted(model, name):
+    twin = copy.deepcopy(model)
+    for mode in (Sampling(), Sampling(temperature=1.0)):
+        out = generate(model, tokens(50), 33, 4, Policy(name, budget=100), mode,
+                       torch.Generator().manual_seed(0), torch.Generator().manual_seed(1),
+                       drafter=twin)
+        assert out.proposal_acceptance == 1.0
+    # The control: a small budget makes the twin's draft differ from the target's.
+    out = generate(model, tokens(200), 40, 4, Policy("sink_window", budget=8),
+                   Sampling(temperature=1.0), torch.Generator().manual_seed(0),
+                   torch.Generator().manual_seed(1), drafter=twin)
+    assert out.proposal_acceptance < 1.0
+
+
+def test_the_drafters_full_cache_holds_every_accepted_token_as_full_attention_computes_it(
+        drafter):
+    seq = tokens(90, seed=4)
+    draft = SeparateDraft(drafter, None)
+    for end in (60, 61, 75, 90):  # the prompt, then acceptances of 0, 13 and 14 tokens
+        draft.view(seq[:end], Policy("sink_window", budget=16), Spans(), torch.device("cpu"))
+    assert draft.passes == 4
+    fresh = DynamicCache(config=drafter.config)
+    with torch.no_grad():
+        feed(drafter, fresh, torch.tensor(seq[:89]))
+    for ours, want in zip(draft.cache.layers, fresh.layers, strict=True):
+        torch.testing.assert_close(ours.keys, want.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.values, want.values, atol=1e-5, rtol=1e-5)
+
+
+def test_a_drafter_of_another_vocabulary_is_a_clear_error(model):
+    with pytest.raises(DecodelabError, match="vocabularies differ"):
+        generate(model, tokens(20), 4, 2, Policy("full"), drafter=tiny_llama(vocab=32))
 
 
 def test_a_one_token_prompt_starts_from_an_empty_cache(model):

@@ -13,7 +13,7 @@ from snakemake.utils import validate
 from test_workflow import HOST, copy_workflow, planned_jobs, snakemake
 
 from decodelab import cli, machine, sweep
-from decodelab.config import Machine, Settings
+from decodelab.config import Machine, Settings, SweepJob
 from decodelab.errors import DecodelabError
 from decodelab.io import read_raw, write_raw
 
@@ -256,9 +256,10 @@ SWEEP = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_re
 
 
 def tiny_sweep(model_dir, tmp_path, name):
-    df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", SWEEP, repeat=0, experiment="sweep",
+    job = SweepJob.from_spec(SWEEP)
+    df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", job, repeat=0, experiment="sweep",
                    progress=False)
-    path = write_raw(df, tmp_path / f"{name}.parquet", *sweep.expected_rows(SWEEP, "sweep"))
+    path = write_raw(df, tmp_path / f"{name}.parquet", *sweep.expected_rows(job, "sweep"))
     return read_raw(path, "sweep")
 
 

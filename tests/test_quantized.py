@@ -2,6 +2,8 @@
 logits and KV-cache rollback, speculative decoding over it with the project's rejection rule, and
 the verify cost (K+1 tokens over 1) on the CPU build."""
 
+import json
+import os
 import shutil
 
 import pandas as pd
@@ -10,7 +12,7 @@ import torch
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make quantized-tools)")
 
-from decodelab import gguf_convert, models, sources, study  # noqa: E402
+from decodelab import gguf_convert, llamapeer, models, sources, study  # noqa: E402
 from decodelab.config import GREEDY, QUANT_TYPES, Sampling  # noqa: E402
 from decodelab.decode import (  # noqa: E402
     decode,  # noqa: E402
@@ -204,3 +206,58 @@ def test_the_verify_cost_verb_writes_a_stamped_raw_file(ggufs, tmp_path):
     assert len(rows) == study.parallelism_rows([1, 2], 2)[0]
     assert set(rows["backend"]) == {"llama.cpp-Q4_0-cpu"} and set(rows["model"]) == {"target"}
     assert rows["llama_cpp_gpu_offload"].eq(False).all()
+
+
+PEER_BUILT = all(os.access(llamapeer.programs_dir() / name, os.X_OK)
+                 for name in (llamapeer.SPECULATIVE, llamapeer.AUTOREGRESSIVE))
+needs_peer = pytest.mark.skipif(not PEER_BUILT, reason="llama.cpp's llama-speculative and "
+                                "llama-completion are not built (make quantized-tools)")
+PEER_SPEC = {"prompts": 1, "prompt_len": 16, "budget": 24, "ks": [1, 4],
+             "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+             "seed": 3}
+
+
+@needs_peer
+def test_the_llama_peer_verb_runs_llama_cpps_own_speculative_on_the_gguf_pair(ggufs, tmp_path):
+    from decodelab.cli import main
+    from decodelab.io import read_raw
+
+    out = tmp_path / "rep0.parquet"
+    main(["llama-peer", "--pair", "q8-q8", "--target-gguf", str(ggufs["target"]["Q8_0"]),
+          "--draft-gguf", str(ggufs["draft"]["Q8_0"]), "--target-dir",
+          str(ggufs["dirs"]["target"]), "--device", "cpu", "--spec", json.dumps(PEER_SPEC),
+          "--repeat", "0", "--threads", "1", "--out", str(out)])
+    rows = read_raw(out, "llama_peer")
+    assert len(rows) == llamapeer.expected_rows(PEER_SPEC)[0] == 6
+    ar, spec = (rows[rows["method"] == m] for m in ("autoregressive", "speculative"))
+    assert (ar["tokens"] == 24).all() and ar["evals"].between(23, 24).all()
+    assert (spec["tokens"] > 24).all()  # llama-speculative stops past the budget
+    assert (spec["drafted"] > 0).all() and (spec["drafted"] % spec["k"] == 0).all()
+    assert spec["acceptance"].between(0, 1).all()
+    assert (rows["seconds"] > 0).all() and (rows["prompt_tokens"] > 1).all()
+    assert set(rows["pair"]) == {"q8-q8"} and rows["background_cpu_share"].notna().all()
+
+
+@needs_peer
+def test_the_peer_accepts_the_greedy_drafts_of_the_target_itself(ggufs):
+    """The target drafting for itself is accepted (almost) always in greedy mode: llama.cpp's
+    acceptance count is read right; the distilled draft's is lower (the negative control)."""
+    target = ggufs["target"]["Q8_0"]
+    prompt = llamapeer.prompt_texts(ggufs["dirs"]["target"], PEER_SPEC)[0]
+    same, other = (llamapeer.speculative_row(target, draft, prompt, 4, "greedy", PEER_SPEC, 1,
+                                             "cpu", 0)
+                   for draft in (target, ggufs["draft"]["Q8_0"]))
+    assert same["acceptance"] >= 0.9, same
+    assert other["acceptance"] < same["acceptance"], (same, other)
+
+
+def test_a_missing_peer_program_is_an_error_naming_its_build(ggufs, tmp_path, monkeypatch):
+    monkeypatch.setenv("DECODELAB_LLAMA_PEER", str(tmp_path))
+    with pytest.raises(DecodelabError, match=r"llama-completion is not built.*quantized-tools"):
+        llamapeer.peer_job("q8-q8", ggufs["target"]["Q8_0"], ggufs["draft"]["Q8_0"],
+                           ggufs["dirs"]["target"], PEER_SPEC, 0, 1, "cpu")
+
+
+def test_the_peer_refuses_a_model_without_a_tokenizer(model_dir):
+    with pytest.raises(DecodelabError, match=r"has no tokenizer.*vocabulary-less"):
+        llamapeer.prompt_texts(model_dir, PEER_SPEC)

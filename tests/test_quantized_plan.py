@@ -11,10 +11,11 @@ import yaml
 from snakemake.utils import validate
 
 from decodelab import config as cfg
-from decodelab.config import Confidence, Pair, Settings
+from decodelab import stability, stats
+from decodelab.config import Confidence, Pair, Settings, Stability
 from decodelab.configcheck import schema_problem
 from decodelab.errors import DecodelabError
-from decodelab.quantized_stats import speculative_table, verify_cost_table
+from decodelab.quantized_stats import peer_table, speculative_table, verify_cost_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
@@ -28,10 +29,13 @@ def validated(path: str = "config.yaml") -> dict:
     return config
 
 
-def with_pair(**pair) -> Settings:
+def with_pair(peer: tuple[str, ...] = (), **pair) -> Settings:
+    """The quantized profile with pair `x` added (and config quantized.peer set, when given)."""
     config = validated(QUANTIZED)
     config["speculative"]["pairs"]["x"] = {"target": "target", "draft": "draft",
                                           "target_device": "cpu", "draft_device": "cpu", **pair}
+    if peer:
+        config["quantized"]["peer"] = list(peer)
     return Settings.from_config(config)
 
 
@@ -73,6 +77,28 @@ def test_a_wrong_llama_cpp_role_is_one_error_naming_its_key(pair, message):
         cfg.check_quantized(with_pair(**pair))
 
 
+LLAMA_PAIR = {"target_backend": "llamacpp", "target_quant": "Q4_0", "draft_backend": "llamacpp",
+              "draft_quant": "Q8_0"}
+
+
+@pytest.mark.parametrize("peer, pair, message", [
+    ("nope", LLAMA_PAIR, r"'quantized\.peer'.*no pair named 'nope'"),
+    ("x", {"target_backend": "llamacpp", "target_quant": "Q4_0"},
+     r"'quantized\.peer'.*'x' needs target_backend and draft_backend llamacpp"),
+    ("x", {**LLAMA_PAIR, "draft_device": "cuda"}, r"'quantized\.peer'.*draft on cuda"),
+])
+def test_a_peer_pair_that_llama_cpp_cannot_run_is_refused_by_key(peer, pair, message):
+    with pytest.raises(DecodelabError, match=message):
+        cfg.check_quantized(with_pair(peer=(peer,), **pair))
+    cfg.check_quantized(with_pair(peer=("x",), **LLAMA_PAIR))  # the control passes
+
+
+def test_the_quantized_profile_runs_the_peer_on_its_llama_cpp_pairs():
+    s = Settings.from_config(validated(QUANTIZED))
+    assert s.quantized.peer and all(s.speculative.pairs[n].quant("draft") for n in s.quantized.peer)
+    assert Settings.from_config(validated()).quantized.peer == ()
+
+
 def test_an_unknown_model_in_config_quantized_is_refused_by_name():
     config = validated(QUANTIZED)
     config["quantized"]["models"] = ["nope"]
@@ -106,15 +132,60 @@ def timing_rows(backend: str, per_token: float, ks=(1, 4, 8), repeats=3) -> pd.D
     return pd.DataFrame(rows)
 
 
+def judged(runs: pd.DataFrame) -> pd.DataFrame:
+    """The verify-cost table of `runs` with the parallelism study's verdicts of them."""
+    return verify_cost_table(runs, CI, stability.verdicts(runs, stats.PARALLELISM, Stability()))
+
+
 def test_the_verify_cost_table_tells_serial_from_batch_parallel():
-    serial = verify_cost_table(timing_rows("llama.cpp-Q4_0-cpu", 1.0), CI)
-    parallel = verify_cost_table(timing_rows("llama.cpp-Q4_0-cpu", 0.0), CI)
+    serial = judged(timing_rows("llama.cpp-Q4_0-cpu", 1.0))
+    parallel = judged(timing_rows("llama.cpp-Q4_0-cpu", 0.0))
     assert list(serial["k"]) == [1, 4, 8]
     np.testing.assert_allclose(serial["ratio"], serial["k"] + 1, rtol=0.06)
     np.testing.assert_allclose(serial["extra_per_token"], 1.0, atol=0.06)
     np.testing.assert_allclose(parallel["extra_per_token"], 0.0, atol=0.06)
     assert set(serial["quantization"]) == {"Q4_0"} and set(serial["device"]) == {"cpu"}
-    assert verify_cost_table(pd.DataFrame(), CI).empty
+    assert verify_cost_table(pd.DataFrame(), CI, pd.DataFrame()).empty
+
+
+def test_a_verify_cost_ratio_is_unstable_when_either_of_its_passes_is():
+    """One process whose one-token passes ran 3x slower makes every ratio unstable, naming the
+    one-token side; the same rows undisturbed are all stable (the negative control)."""
+    quiet = timing_rows("llama.cpp-Q4_0-cpu", 1.0)
+    assert judged(quiet)["stable"].all()
+    slow = (quiet["repeat"] == 0) & (quiet["tokens"] == 1)
+    disturbed = judged(quiet.assign(seconds=quiet["seconds"].where(~slow, quiet["seconds"] * 3)))
+    assert not disturbed["stable"].any()
+    assert disturbed["unstable_reason"].str.startswith("1 token: cv between processes").all()
+    with pytest.raises(DecodelabError, match="no stability verdict"):
+        verify_cost_table(quiet, CI, stability.verdicts(
+            timing_rows("llama.cpp-F16-cpu", 1.0), stats.PARALLELISM, Stability()))
+
+
+def peer_rows(ar_s: float, spec_s: float, accepted: int, drafted: int) -> pd.DataFrame:
+    """llama-peer's raw rows: per-token seconds for the autoregressive and K = 4 runs."""
+    rows = [{"pair": "q4-q8", "mode": "greedy", "repeat": r, "prompt": p, "method": method,
+             "k": k, "tokens": 64.0, "seconds": 64 * s * (1 + 0.01 * p), "accepted": a,
+             "drafted": d}
+            for r in range(3) for p in range(2)
+            for method, k, s, a, d in (("autoregressive", 0, ar_s, 0, 0),
+                                       ("speculative", 4, spec_s, accepted, drafted))]
+    return pd.DataFrame(rows)
+
+
+def test_the_peer_table_is_llama_cpps_speedup_over_its_own_decoding_beside_decodelabs():
+    ours = pd.DataFrame([{"pair": "q4-q8", "mode": "greedy", "k": 4, "speedup": 1.3}])
+    acceptance = pd.DataFrame([{"pair": "q4-q8", "mode": "greedy", "k": 4,
+                                "proposal_acceptance": 0.6}])
+    faster = peer_table(peer_rows(0.01, 0.005, 30, 40), ours, acceptance, CI).iloc[0]
+    assert faster["peer_speedup"] == pytest.approx(2.0)
+    assert faster["ci_low"] <= 2.0 <= faster["ci_high"] and faster["n"] == 3
+    assert faster["peer_acceptance"] == pytest.approx(0.75)
+    assert faster["peer_tokens_per_s"] == pytest.approx(1 / 0.005, rel=0.02)
+    assert (faster["decodelab_speedup"], faster["decodelab_proposal_acceptance"]) == (1.3, 0.6)
+    slower = peer_table(peer_rows(0.01, 0.02, 10, 40), ours, acceptance, CI).iloc[0]
+    assert slower["peer_speedup"] == pytest.approx(0.5) and slower["ci_high"] < 1
+    assert peer_table(pd.DataFrame(), ours, acceptance, CI).empty
 
 
 def speculative_runs(diverge_at: int | None) -> pd.DataFrame:
@@ -155,8 +226,9 @@ def test_the_paper_says_serial_or_batch_parallel_from_the_data(tmp_path):
 
     runs = pd.concat([timing_rows("llama.cpp-Q4_0-cpu", 1.0),
                       timing_rows("llama.cpp-F16-cpu", 0.0).assign(quantization="F16")])
-    verify = verify_cost_table(runs, CI)
-    tables.write_group(tmp_path, "quantized", {"verify_cost": verify,
+    verify = judged(runs)
+    no_peer = peer_table(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), CI)
+    tables.write_group(tmp_path, "quantized", {"verify_cost": verify, "peer": no_peer,
                                                "speculative": speculative_table(pd.DataFrame(),
                                                                                 pd.DataFrame())})
     part = quantized.parts(tmp_path, {"stats": {"confidence": 0.95}})
@@ -165,13 +237,34 @@ def test_the_paper_says_serial_or_batch_parallel_from_the_data(tmp_path):
     assert "serial on \\texttt{llama.cpp-Q4\\_0-cpu}" in sentence
     assert "batch-parallel on \\texttt{llama.cpp-F16-cpu}" in sentence
     assert part.macros["QuantMetal"] == "not run"
+    assert part.macros["QuantVerifyStable"] == f"{len(verify)} of {len(verify)}"
+    assert not part.flags["QuantPeerRan"]
 
     empty = tmp_path / "empty"
-    tables.write_group(empty, "quantized", {"verify_cost": verify.iloc[0:0],
+    tables.write_group(empty, "quantized", {"verify_cost": verify.iloc[0:0], "peer": no_peer,
                                             "speculative": speculative_table(pd.DataFrame(),
                                                                              pd.DataFrame())})
     none = quantized.parts(empty, {})
     assert not none.flags["QuantizedReady"] and none.macros["QuantSerialSentence"] == "--"
+
+
+def test_the_paper_sets_llama_cpps_own_speedup_beside_decodelabs(tmp_path):
+    from decodelab import tables
+    from decodelab.paper import quantized
+
+    ours = pd.DataFrame([{"pair": "q4-q8", "mode": "greedy", "k": 4, "speedup": 1.3}])
+    acceptance = pd.DataFrame([{"pair": "q4-q8", "mode": "greedy", "k": 4,
+                                "proposal_acceptance": 0.6}])
+    tables.write_group(tmp_path, "quantized", {
+        "verify_cost": judged(timing_rows("llama.cpp-Q4_0-cpu", 1.0)),
+        "speculative": speculative_table(pd.DataFrame(), pd.DataFrame()),
+        "peer": peer_table(peer_rows(0.01, 0.005, 30, 40), ours, acceptance, CI)})
+    part = quantized.parts(tmp_path, {"stats": {"confidence": 0.95}})
+    assert part.flags["QuantPeerRan"]
+    sentence = part.macros["QuantPeerSentence"]
+    assert "reaches 2.00 over its own" in sentence and "75.0\\% of drafted" in sentence
+    assert sentence.endswith("reaches 1.30")
+    assert "\\texttt{q4-q8} & greedy & 4 & 2.00" in part.files["tab_quantized_peer.tex"]
 
 
 def test_a_pytorch_target_has_its_agreement_but_no_divergence_counts():

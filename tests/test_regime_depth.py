@@ -252,6 +252,7 @@ def test_planted_step_is_found_where_it_starts(seed):
     assert curves.iloc[0]["changepoint_budgets"] == str(BUDGETS[5])
 
 
+@pytest.mark.slow  # 40 seeds x 2 models: fewer would weaken the false-alarm bound
 def test_negative_control_smooth_noise_has_no_change_point():
     found = []
     for seed in range(40):

@@ -12,6 +12,7 @@ import pytest
 
 from decodelab import selection
 from decodelab.config import Confidence
+from decodelab.paper import noise
 
 CI = Confidence(confidence=0.95, bootstrap_resamples=400, seed=7)  # fewer resamples: 200 seeds
 PAIRS, KS = ("cpu-cpu", "cpu-cuda", "cuda-cuda", "cpu-mps"), (1, 2, 3, 4, 6)  # 20 configurations
@@ -101,7 +102,8 @@ def test_the_table_has_a_row_per_claim_from_raw_sweeps():
     runs = sweep_runs(1, 8)
     table = selection.selection_table(runs, spec_proc(1, 8), {"window": 2, "threshold": 1.5}, CI)
     assert list(table.columns) == selection.COLUMNS
-    assert list(table["claim"]) == ["speculative_best", "kv_best", "spike_largest"]
+    assert list(table["claim"]) == ["speculative_best", "kv_best", "spike_largest",
+                                    "spike_decode", "spike_prefill", "kv_at_spike"]
     kv = table.set_index("claim").loc["kv_best"]
     assert kv["distinguishable"] and kv["ci_low"] < 2 < kv["ci_high"]
     spike = table.set_index("claim").loc["spike_largest"]  # straight lines: no excursion
@@ -113,7 +115,7 @@ def test_a_stage_that_measured_nothing_has_no_row():
     runs = sweep_runs(1, 8)
     table = selection.selection_table(runs[runs["experiment"] == "sweep"], pd.DataFrame(),
                                       {"window": 2, "threshold": 1.5}, CI)
-    assert list(table["claim"]) == ["spike_largest"]
+    assert list(table["claim"]) == ["spike_largest", "spike_decode", "spike_prefill"]
 
 
 # -----------------------------------------------------------------------------
@@ -179,3 +181,97 @@ def test_with_three_processes_the_sweeps_split_their_inner_repeats():
     assert not spike["distinguishable"]  # straight lines: no excursion
     one_prompt = selection.speculative_best(spec_cells(0, 3, 1), CI)  # nothing to split
     assert "3 processes per configuration, fewer than the 8" in one_prompt["reason"]
+
+
+# -----------------------------------------------------------------------------
+# claims 4 and 6: the phases and the KV-cache speedup at the chosen spike
+
+MODELS = ("gpt2-tiny", "opt-tiny", "bloom-tiny", "llama-tiny")
+BUDGETS, PROMPTS = range(8, 88, 8), (32, 64)  # 80 cache-on configurations
+BUSY = 0.45  # lognormal noise of one phase of one measurement on a busy machine
+RULE = {"window": 2, "threshold": 1.5}
+SPIKE = ("opt-tiny", 48, 6.0)  # model, budget, factor on its cache-on decode time (prompt 32)
+
+
+def regime_runs(seed: int, spike: tuple | None = None) -> pd.DataFrame:
+    """Raw sweep and ablation rows of the default's shape (3 processes x 3 inner repeats): every
+    curve a straight line in budget (ratio 1 to its trend), the cache off doubling it, under a
+    factor per process and a busy machine's noise on each phase of each measurement; `spike`
+    multiplies one configuration's cache-on decode time, in the sweep and the ablation alike."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for r in range(3):
+        process = np.exp(rng.normal(0, 0.1))
+        for i, (experiment, cache), model, prompt, budget in (
+                (i, g, m, p, b) for i in range(3)
+                for g in (("sweep", True), ("ablation", True), ("ablation", False))
+                for m in MODELS for p in PROMPTS for b in BUDGETS):
+            base = 0.01 * budget * (1 if cache else 2) * process
+            planted = spike is not None and cache and (model, budget, prompt) == (*spike[:2], 32)
+            prefill, decode = base * np.exp(rng.normal(0, BUSY, 2)) * (0.1, 0.9)
+            decode *= spike[2] if planted else 1
+            rows.append({"experiment": experiment, "backend": "cpu", "model": model,
+                         "family": model.split("-")[0], "dtype": "float32", "prompt_len": prompt,
+                         "use_cache": cache, "budget": budget, "repeat": r, "inner": i,
+                         "total_s": prefill + decode, "prefill_s": prefill, "decode_s": decode,
+                         "decode_per_token_s": decode / budget})
+    return pd.DataFrame(rows)
+
+
+def spike_claims(seed: int, spike: tuple | None = None) -> tuple[dict, dict]:
+    """(the selection's spike rows by claim, the paper's macros from them)."""
+    table = selection.selection_table(regime_runs(seed, spike), pd.DataFrame(), RULE, CI)
+    macros, _ = noise.selection_macros(table)
+    return table.set_index("claim").to_dict("index"), macros
+
+
+@pytest.fixture(scope="module")
+def flat_spikes() -> list[tuple[dict, dict]]:
+    return [spike_claims(s) for s in range(SEEDS // 2)]
+
+
+@pytest.mark.slow
+def test_with_no_spike_the_phase_and_kv_claims_are_not_testable_while_the_naive_maximum_is(
+        flat_spikes):
+    quiet = np.mean([not noise.spike_found(rows) and macros["SelSpikePhaseFinding"].startswith(
+        r"Not testable here, no spike to attribute: no configuration distinguishable from 1\x{}")
+        and macros["SelKvAtSpikeFinding"].startswith("Not testable here without a spike")
+        for rows, macros in flat_spikes])
+    naive_above = np.mean([rows["spike_largest"]["naive"] >= RULE["threshold"]
+                           for rows, _ in flat_spikes])
+    rows, _ = flat_spikes[0]
+    print(f"flat curves, 3 processes x 3 inner repeats: not distinguishable {quiet:.3f}, naive "
+          f"largest ratio >= {RULE['threshold']} {naive_above:.3f}")
+    assert rows["spike_decode"]["estimated_on"] == "inner repeats 0, 2 of each of 3 processes"
+    assert rows["kv_at_spike"]["label"] == rows["spike_largest"]["label"]
+    assert quiet >= 0.95
+    assert naive_above >= 0.8  # the winner's curse: the largest of 80 null ratios is a "spike"
+
+
+@pytest.mark.slow
+def test_a_planted_decode_spike_is_found_attributed_to_decode_and_its_kv_speedup_collapses():
+    truth = {"spike_decode": SPIKE[2], "spike_prefill": 1.0,
+             "kv_at_spike": 2 / (0.1 + 0.9 * SPIKE[2])}
+    claims = [spike_claims(s, SPIKE) for s in range(SEEDS // 4)]
+    found = np.mean([noise.spike_found(rows) and rows["spike_largest"]["label"]
+                     == "cpu, opt-tiny, float32, prompt 32, budget 48" for rows, _ in claims])
+    covered = {c: np.mean([rows[c]["ci_low"] <= t <= rows[c]["ci_high"] for rows, _ in claims])
+               for c, t in truth.items()}
+    apart = {c: np.mean([rows[c]["distinguishable"] for rows, _ in claims]) for c in truth}
+    print(f"planted {SPIKE[2]}x decode spike: found {found:.3f}, covered {covered}, "
+          f"distinguishable {apart}")
+    assert found >= 0.9
+    assert min(covered.values()) >= 0.85
+    assert apart["spike_decode"] >= 0.9
+    # the collapse is seen (6 estimating units of a ratio of two busy arms: rarely apart from 1)
+    assert np.mean([rows["kv_at_spike"]["estimate"] < 1 for rows, _ in claims]) >= 0.9
+    assert apart["spike_prefill"] <= 0.2  # the prefill has no excess to find
+    rows, macros = claims[0]
+    assert macros["SelSpikePhaseFinding"].startswith(
+        "At the largest excursion above the local trend, cpu, opt-tiny, float32, prompt 32, "
+        "budget 48 (chosen on inner repeats 1 of each of 3 processes")
+    assert "each phase over its own local trend: the decode phase" in macros[
+        "SelSpikePhaseFinding"]
+    assert "the KV-cache speedup is" in macros["SelKvAtSpikeFinding"]
+    estimates = np.array([rows["spike_decode"]["estimate"] for rows, _ in claims])
+    assert abs(np.median(np.log(estimates / SPIKE[2]))) < 0.1  # not inflated by the choice

@@ -2,10 +2,21 @@ import pytest
 from transformers import AutoConfig
 
 from decodelab import sweep
+from decodelab.config import SweepJob
+from decodelab.devices import config_hash
 from decodelab.errors import DecodelabError
 
 SPEC = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 2,
         "warmup": 1, "seed": 11}
+
+
+def job(**changes) -> SweepJob:
+    return SweepJob.from_spec(SPEC | changes)
+
+
+def test_the_typed_job_hashes_as_the_json_it_was_read_from():
+    for spec in (SPEC, SPEC | {"sdp_backends": ["math"], "engine": "eager"}):
+        assert config_hash(SweepJob.from_spec(spec).job_spec()) == config_hash(spec)
 
 
 def test_grid_covers_every_configuration_once_per_inner_repeat():
@@ -35,7 +46,7 @@ def test_position_overrun_is_a_clear_error(model_dir):
 
 
 def test_ablation_rows_carry_timings_memory_and_provenance(model_dir):
-    df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", SPEC, repeat=1, experiment="ablation",
+    df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", job(), repeat=1, experiment="ablation",
                    progress=False)
     assert len(df) == 2 * 2 * 2  # budgets x cache on/off x inner repeats
     assert set(df["use_cache"]) == {True, False}
@@ -56,13 +67,13 @@ def test_ablation_rows_carry_timings_memory_and_provenance(model_dir):
 
 
 def test_sweep_measures_cache_on_only(model_dir):
-    df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", SPEC, repeat=0, experiment="sweep",
+    df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", job(), repeat=0, experiment="sweep",
                    progress=False)
     assert df["use_cache"].all() and len(df) == 4
 
 
 def test_several_dtypes_are_measured_in_one_process_each_with_its_own_order(model_dir):
-    spec = SPEC | {"dtype": ["float32", "bfloat16"], "inner_repeats": 1}
+    spec = job(dtype=["float32", "bfloat16"], inner_repeats=1)
     df = sweep.run(str(model_dir), "gpt2-tiny", "cpu", spec, repeat=0, experiment="sweep",
                    progress=False)
     assert sorted(df["dtype"].unique()) == ["bfloat16", "float32"]
@@ -74,6 +85,6 @@ def test_a_sweep_applies_its_attention_backends_before_measuring(model_dir, monk
     applied = []
     monkeypatch.setattr(sweep, "set_sdp_backends", applied.append)
     for extra in ({}, {"sdp_backends": ["math"]}):
-        sweep.run(str(model_dir), "gpt2-tiny", "cpu", {**SPEC, "budgets": [4], **extra}, repeat=0,
+        sweep.run(str(model_dir), "gpt2-tiny", "cpu", job(budgets=[4], **extra), repeat=0,
                   experiment="sweep", progress=False)
-    assert applied == [None, ["math"]]
+    assert applied == [None, ("math",)]

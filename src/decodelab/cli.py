@@ -12,11 +12,16 @@ from .config import PREFLIGHT_ENV
 from .errors import DecodelabError
 
 
-def open_job(args, *backends: str) -> dict | None:
+def typed(settings: type, text: str):
+    """A JSON argument as the typed settings of config.py that the rule wrote it from."""
+    return settings.from_spec(json.loads(text))
+
+
+def open_job(args, *backends: str, settings: type | None = None):
     """The opening of every measuring verb: fail early on a missing backend (on a host of
     several GPUs, take one of them), check that the machine is quiet (a verb that times
     something has --machine), set torch's CPU threads (0: torch's default), and return the
-    job's settings (--spec, JSON)."""
+    job's settings (--spec): typed as `settings` (config.py), else the JSON as given."""
     import torch
 
     from .config import Machine
@@ -29,9 +34,11 @@ def open_job(args, *backends: str) -> dict | None:
     if "cuda" in backends:
         claim_gpu()
     if "machine" in args:
-        preflight(Machine.from_spec(json.loads(args.machine)))
+        preflight(typed(Machine, args.machine))
     if args.threads:
         torch.set_num_threads(args.threads)
+    if settings is not None:
+        return typed(settings, args.spec)
     return json.loads(args.spec) if args.spec else None
 
 
@@ -44,9 +51,10 @@ def prepare_model(args):
 
 def sweep(args):
     from . import sweep as sw
+    from .config import SweepJob
     from .io import write_raw
 
-    spec = open_job(args, args.backend)
+    spec = open_job(args, args.backend, settings=SweepJob)
     df = sw.run(args.model_dir, args.model, args.backend, spec, args.repeat, args.experiment)
     write_raw(df, args.out, *sw.expected_rows(spec, args.experiment))
 
@@ -90,7 +98,7 @@ def verdicts(args):
     from .io import write_table
 
     runs = stats.read_raw_runs(args.runs, args.study)
-    limits = Stability.from_spec(json.loads(args.spec))
+    limits = typed(Stability, args.spec)
     write_table(stability.verdicts(runs, stats.STUDIES[args.study], limits), args.out)
 
 
@@ -99,7 +107,7 @@ def statistics(args):
     from .config import Confidence
     from .io import read_table, write_table
 
-    runs, ci = read_table(args.runs), Confidence.from_spec(json.loads(args.spec))
+    runs, ci = read_table(args.runs), typed(Confidence, args.spec)
     verdict = read_verdicts(args.verdicts, "sweep")
     write_table(stats.latency_table(runs, ci, verdict), args.latency)
     write_table(stats.kv_speedup_table(runs, ci, verdict), args.kv)
@@ -125,7 +133,7 @@ def selection(args):
     spec_runs = stats.read_raw_runs(args.speculative, "speculative")
     cells = spec_cells(spec_runs) if len(spec_runs) else spec_runs
     write_table(selection_table(read_table(args.runs), cells, json.loads(args.regimes),
-                                Confidence.from_spec(json.loads(args.spec))), args.out)
+                                typed(Confidence, args.spec)), args.out)
 
 
 def regime_depth(args):
@@ -172,18 +180,65 @@ def verify_cost(args):
     write_raw(df, args.out, *parallelism_rows(spec["ks"], spec["inner"]))
 
 
+def llama_peer(args):
+    from . import llamapeer
+    from .io import write_raw
+
+    spec = open_job(args, args.device)
+    df = llamapeer.peer_job(args.pair, args.target_gguf, args.draft_gguf, args.target_dir, spec,
+                            args.repeat, args.threads, args.device)
+    write_raw(df, args.out, *llamapeer.expected_rows(spec))
+
+
 def quantized_stats(args):
     from . import quantized_stats as qs
     from . import stats, tables
     from .config import Confidence
 
-    ci = Confidence.from_spec(json.loads(args.spec))
+    ci = typed(Confidence, args.spec)
     verify = stats.read_raw_runs(args.verify_cost, "parallelism")
     runs = stats.read_raw_runs(args.runs, "speculative")
+    peer = stats.read_raw_runs(args.peer, "llama_peer")
     speedup = tables.read(args.stats, "speculative_speedup")
+    acceptance = tables.read(args.stats, "speculative_acceptance")
     tables.write_group(args.out, "quantized", {
-        "verify_cost": qs.verify_cost_table(verify, ci),
-        "speculative": qs.speculative_table(runs, speedup)})
+        "verify_cost": qs.verify_cost_table(verify, ci,
+                                            read_verdicts(args.verdicts, "parallelism")),
+        "speculative": qs.speculative_table(runs, speedup),
+        "peer": qs.peer_table(peer, speedup, acceptance, ci)})
+
+
+def long_context(args):
+    from . import longstudy
+    from .io import write_raw
+
+    spec = open_job(args, args.backend)
+    drafters = dict(d.split("=", 1) for d in args.drafter_dir)
+    df = longstudy.run(args.target_dir, args.target, drafters, args.backend, spec, args.repeat)
+    write_raw(df, args.out, *longstudy.expected_rows(spec))
+
+
+def batched_throughput(args):
+    from . import batchstudy
+    from .io import write_raw
+    from .sparse_kv import Policy
+
+    open_job(args, args.backend)
+    runs, costs = batchstudy.run(args.target_dir, args.draft_dir, args.backend, args.dtype,
+                                 args.batches, args.contexts, args.budget, args.k,
+                                 Policy(args.policy, args.policy_budget), args.repeats,
+                                 seed=args.repeat)
+    write_raw(costs, args.costs, len(costs), "forward timings of the cost model")
+    write_raw(runs, args.out, *batchstudy.expected_rows(args.batches, args.contexts,
+                                                        args.repeats))
+
+
+def long_stats(args):
+    from . import longstats, stats, tables
+    from .config import Confidence
+
+    runs = stats.read_raw_runs(args.runs, "long")
+    tables.write_group(args.out, "long", longstats.tables(runs, typed(Confidence, args.spec)))
 
 
 def parallelism(args):
@@ -204,7 +259,7 @@ def speculative_stats(args):
     from . import stats, tables
     from .config import Confidence
 
-    ci = Confidence.from_spec(json.loads(args.spec))
+    ci = typed(Confidence, args.spec)
     runs = stats.read_raw_runs(args.runs, "speculative")
     par = stats.read_raw_runs(args.parallelism, "parallelism")
     proc = stats.spec_per_process(runs)
@@ -226,7 +281,7 @@ def stability_tables(args):
             "parallelism": stats.read_raw_runs(args.parallelism, "parallelism")}
     studies = [(runs[name], stats.STUDIES[name], read_verdicts(path, name))
                for name, path in zip(runs, args.verdicts, strict=True)]
-    frames = stability.stability_tables(studies, Stability.from_spec(json.loads(args.spec)))
+    frames = stability.stability_tables(studies, typed(Stability, args.spec))
     tables.write_group(args.out, "stability", frames)
 
 
@@ -240,16 +295,17 @@ def remeasure(args):
 
 def verify(args):
     from . import verify as vf
+    from .config import Pair, Verification
     from .io import write_report
 
-    pair = json.loads(args.pair_spec) if args.level == "real" else {}
-    spec = open_job(args, *(pair[d] for d in ("target_device", "draft_device") if d in pair))
+    pair = typed(Pair, args.pair_spec) if args.level == "real" else None
+    spec = open_job(args, *(pair.devices if pair else ()), settings=Verification)
     if args.level == "exact":
-        out = vf.run_exact(spec, args.target_dir, args.draft_dir, spec["seed"])
+        out = vf.run_exact(spec, args.target_dir, args.draft_dir, spec.seed)
     elif args.level == "monte-carlo":
         out = vf.run_monte_carlo(spec)
     else:
-        out = vf.run_real(spec, args.pair, pair, args.target_dir, args.draft_dir, spec["seed"])
+        out = vf.run_real(spec, args.pair, pair, args.target_dir, args.draft_dir, spec.seed)
     write_report(out, args.out)
 
 
@@ -319,6 +375,12 @@ def quantized_figures(args):
     from . import figures as fg
 
     fg.quantized_figures(Path(args.stats), Path(args.out))
+
+
+def long_figures(args):
+    from . import figures as fg
+
+    fg.long_figures(Path(args.stats), Path(args.out))
 
 
 def settings(args):
@@ -504,6 +566,39 @@ def build_parser() -> argparse.ArgumentParser:
     add_timing(p)
     p.set_defaults(func=parallelism)
 
+    p = verbs.add_parser("long", help="one process of the long-context study (sparse-KV drafts)")
+    p.add_argument("--target-dir", required=True)
+    p.add_argument("--target", required=True, help="the target's model name")
+    p.add_argument("--drafter-dir", action="append", default=[], metavar="NAME=DIR",
+                   help="a separate drafter's model directory (repeatable)")
+    p.add_argument("--backend", required=True, choices=["cpu", "cuda", "mps"])
+    p.add_argument("--spec", required=True, help="config long, as JSON")
+    add_timing(p)
+    p.set_defaults(func=long_context)
+
+    p = verbs.add_parser("batched", help="tokens/s of batched AR, synchronized and "
+                                         "non-synchronized speculation, per batch size")
+    p.add_argument("--target-dir", required=True)
+    p.add_argument("--draft-dir", required=True)
+    p.add_argument("--backend", required=True, choices=["cpu", "cuda", "mps"])
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--contexts", type=int, nargs="+", default=[64])
+    p.add_argument("--budget", type=int, default=32, help="new tokens per request")
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--policy", default="sink_window", help="the self-speculative draft's view")
+    p.add_argument("--policy-budget", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--costs", required=True, help="parquet of the cost model's forward timings")
+    add_timing(p)
+    p.set_defaults(func=batched_throughput, spec=None)
+
+    p = verbs.add_parser("long-stats", help="long-context acceptance, speedup, memory tables")
+    p.add_argument("--spec", required=True, help="config stats, as JSON")
+    p.add_argument("--out", required=True, help="the stats directory")
+    p.add_argument("--runs", nargs="*", default=[])
+    p.set_defaults(func=long_stats)
+
     p = verbs.add_parser("convert-gguf", help="a model to GGUF with llama.cpp's converter")
     p.add_argument("--model-dir", required=True)
     p.add_argument("--type", required=True, choices=["F16", "Q8_0", "Q4_0"])
@@ -518,12 +613,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_timing(p)
     p.set_defaults(func=verify_cost)
 
+    p = verbs.add_parser("llama-peer", help="llama.cpp's own speculative decoding, GGUF pair")
+    p.add_argument("--pair", required=True, help="the configuration's name")
+    p.add_argument("--target-gguf", required=True)
+    p.add_argument("--draft-gguf", required=True)
+    p.add_argument("--target-dir", required=True, help="the target's model (its tokenizer)")
+    p.add_argument("--device", required=True, choices=["cpu", "cuda"])
+    p.add_argument("--spec", required=True, help="the speculative study's settings, as JSON")
+    add_timing(p)
+    p.set_defaults(func=llama_peer)
+
     p = verbs.add_parser("quantized-stats", help="verify cost per type; quantized pairs' rows")
     p.add_argument("--spec", required=True, help="config stats, as JSON")
     p.add_argument("--stats", required=True, help="the stats directory (speculative_speedup)")
     p.add_argument("--out", required=True)
     p.add_argument("--verify-cost", nargs="*", default=[])
+    p.add_argument("--verdicts", required=True, help="stats/verdicts_parallelism.csv")
     p.add_argument("--runs", nargs="*", default=[], help="the quantized pairs' raw runs")
+    p.add_argument("--peer", nargs="*", default=[], help="llama-peer's raw runs")
     p.set_defaults(func=quantized_stats)
 
     p = verbs.add_parser("spec-stats", help="acceptance, speedup, theory, HF peer, parallelism")
@@ -603,6 +710,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=quantized_figures)
+
+    p = verbs.add_parser("long-figures", help="draw the long-context figures")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=long_figures)
 
     p = verbs.add_parser("settings", help="record the settings the paper states")
     p.add_argument("--spec", required=True)

@@ -96,7 +96,32 @@ class Sampling:
 GREEDY = Sampling()
 
 
-SWEEP_JOB_KEYS = ("budgets", "prompt_lengths", "dtype", "inner_repeats", "warmup")
+@dataclass(frozen=True)
+class SweepJob:
+    """One sweep process's settings (`decodelab sweep --spec`). Its raw file is hashed with
+    `job_spec()`: `sdp_backends` and `engine` appear only when set, so older raw files keep
+    their hash."""
+
+    budgets: tuple[int, ...]
+    prompt_lengths: tuple[int, ...]
+    dtype: str | tuple[str, ...]  # one, or several measured one after another in the process
+    inner_repeats: int
+    warmup: int
+    seed: int
+    sdp_backends: tuple[str, ...] | None = None
+    engine: str | None = None
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return (self.dtype,) if isinstance(self.dtype, str) else self.dtype
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> SweepJob:
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return {k: v for k, v in asdict(self).items()
+                if v is not None or k not in ("sdp_backends", "engine")}
 
 
 @dataclass(frozen=True)
@@ -128,15 +153,12 @@ class Sweep:
         """The config section as given."""
         return {k: v for k, v in asdict(self).items() if k != "seed" and v is not None}
 
+    def job(self) -> SweepJob:
+        """One sweep process's settings."""
+        return SweepJob(**{f.name: getattr(self, f.name) for f in fields(SweepJob)})
+
     def job_spec(self) -> dict:
-        """One sweep process's settings; `sdp_backends` and `engine` only when set, so older raw
-        files keep their hash."""
-        spec = {key: getattr(self, key) for key in SWEEP_JOB_KEYS}
-        if self.sdp_backends is not None:
-            spec["sdp_backends"] = self.sdp_backends
-        if self.engine is not None:
-            spec["engine"] = self.engine
-        return {**spec, "seed": self.seed}
+        return self.job().job_spec()
 
 
 @dataclass(frozen=True)
@@ -255,10 +277,49 @@ class Quantized:
     models: tuple[str, ...] = ()
     types: tuple[str, ...] = ("F16", "Q8_0", "Q4_0")
     devices: tuple[str, ...] = ("cpu",)
+    # pairs of 'speculative.pairs' that llama.cpp's own speculative example also runs
+    # (decodelab.llamapeer): both roles in llama.cpp, on one device
+    peer: tuple[str, ...] = ()
 
     @classmethod
     def from_spec(cls, spec: Mapping) -> Quantized:
         return build(cls, spec)
+
+
+@dataclass(frozen=True)
+class Long:
+    """Config 'long': the long-context study (decodelab.longstudy), context length x KV budget
+    x policy x drafter x mode x K over held-out documents, one process per repeat."""
+
+    target: str
+    lengths: tuple[int, ...]
+    kv_budgets: tuple[int, ...]
+    seed: int  # the config's top-level seed
+    drafters: tuple[str, ...] = ("self",)
+    device: str = "cpu"
+    dtype: str = "float32"
+    policies: tuple[str, ...] = ("full", "sink_window", "retrieval", "random_chunks")
+    ks: tuple[int, ...] = (4,)
+    modes: tuple[str, ...] = ("greedy", "sampled")
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    documents: int = 4
+    budget: int = 32  # new tokens per run
+    repeats: int = 2
+
+    @classmethod
+    def from_config(cls, section: Mapping, seed: int) -> Long:
+        return build(cls, {**section, "seed": seed})
+
+    @property
+    def longest(self) -> int:
+        """The longest sequence a run builds: context, new tokens and one proposal."""
+        return max(self.lengths) + self.budget + max(self.ks)
+
+    def job_spec(self) -> dict:
+        """One long-context process's settings: all but the target's name and the repeats."""
+        return {k: v for k, v in asdict(self).items() if k not in ("target", "repeats")}
 
 
 @dataclass(frozen=True)
@@ -307,6 +368,11 @@ class Verification:
                    seeds=section["seeds"], exact=build(ExactLevel, section["exact"]),
                    monte_carlo=build(MonteCarloLevel, section["monte_carlo"]),
                    real=build(RealLevel, section["real"]), seed=seed)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> Verification:
+        """A verification job's settings (`job_spec`): every level, no pairs."""
+        return cls.from_config({**spec, "pairs": ()}, spec["seed"])
 
     def job_spec(self) -> dict:
         """Every verification job's settings: all but the pairs."""
@@ -416,6 +482,7 @@ class Settings:
     stability: Stability
     machine: Machine
     quantized: Quantized = Quantized()
+    long: Long | None = None  # the stage runs only where config 'long' is given
 
     @classmethod
     def from_config(cls, config: Mapping) -> Settings:
@@ -433,7 +500,8 @@ class Settings:
             stats=Confidence.from_spec(stats),
             stability=Stability.from_spec(config["stats"]["stability"]),
             machine=Machine.from_spec(config["machine"]),
-            quantized=Quantized.from_spec(config.get("quantized", {})))
+            quantized=Quantized.from_spec(config.get("quantized", {})),
+            long=Long.from_config(config["long"], seed) if config.get("long") else None)
 
     def paper_settings(self, host: str) -> dict:
         """The settings the paper states. The sweep's keys sit at the top level, where a
@@ -477,6 +545,11 @@ class Settings:
             need(pair.target, par_tokens, par_why)  # only targets are timed
         for name in self.quantized.models:
             need(name, par_tokens, par_why)
+        if self.long is not None:
+            long = self.long
+            for name in {long.target, *long.drafters} - {"self"}:
+                need(name, long.longest, f"config 'long' (longest length {max(long.lengths)} "
+                     f"+ budget {long.budget} + K {max(long.ks)})")
         return needs
 
 
@@ -509,6 +582,73 @@ def check_model_names(settings: Settings) -> None:
     for name in sweep.ablation_models or ():
         if name not in sweep.models:
             raise DecodelabError(f"config 'sweep.ablation_models': {name!r} is not in sweep.models")
+
+
+@dataclass(frozen=True)
+class DraftObjective:
+    """A `train` drafter's sparse-cache objective (budgetdraft.py): `budget_robust` is
+    BudgetDraft's (full-cache + sparse_weight x sparse-cache KL to the teacher, a budget drawn
+    per step with budget_weights); `no_prefix` the control that never sees the prefix."""
+    objective: str
+    continuation: int
+    budgets: tuple[int, ...] = ()
+    budget_weights: tuple[float, ...] = ()
+    sparse_weight: float = 0.5
+    sparse_policy: str = "retrieval"
+
+
+DRAFT_OBJECTIVES = ("budget_robust", "no_prefix")
+DRAFT_KEYS = tuple(f.name for f in fields(DraftObjective))
+
+
+def draft_objective(spec: Mapping, where: str = "train model spec") -> DraftObjective | None:
+    """The objective of a `train` spec (None: next-token CE / distillation), checked across
+    keys; errors name `where` and the key."""
+    given = {key: spec[key] for key in DRAFT_KEYS if key in spec}
+    if "objective" not in given:
+        if given:
+            raise DecodelabError(f"{where}: key {next(iter(given))!r} needs an 'objective'")
+        return None
+
+    def bad(key: str, why: str) -> DecodelabError:
+        return DecodelabError(f"{where}: key {key!r} {why}")
+
+    name = given["objective"]
+    if name not in DRAFT_OBJECTIVES:
+        raise bad("objective", f"must be one of {', '.join(DRAFT_OBJECTIVES)}, not {name!r}")
+    for key, why in (("teacher", "the teacher's full-cache predictions are its targets"),
+                     ("arch", "the sparse cache needs rotary positions (arch: llama)")):
+        if key not in spec or (key == "arch" and spec[key] != "llama"):
+            raise bad("objective", f"{name!r} needs {key!r}: {why}")
+    if "distill" in spec:
+        raise bad("distill", f"does not apply to objective {name!r} (its loss is all KL)")
+    if "continuation" not in given:
+        raise bad("continuation", f"is missing (objective {name!r}: the tokens the loss sees "
+                  "after the prefix; BudgetDraft's 256)")
+    prefix = spec.get("seq_len", 0) - given["continuation"]
+    if not 1 <= given["continuation"] or prefix < 1:
+        raise bad("continuation", f"must be >= 1 and leave a prefix in seq_len "
+                  f"({spec.get('seq_len')}), not {given['continuation']}")
+    objective = build(DraftObjective, given)
+    if name == "no_prefix":
+        extra = sorted(set(given) - {"objective", "continuation"})
+        if extra:
+            raise bad(extra[0], "does not apply to objective 'no_prefix' (it sees no prefix)")
+        return objective
+    if not objective.budgets or not all(type(b) is int for b in objective.budgets):
+        raise bad("budgets", "must be a list of token counts (objective 'budget_robust': the "
+                  f"sparse budgets drawn per step), not {given.get('budgets')!r}")
+    if objective.sparse_weight < 0:
+        raise bad("sparse_weight", f"must be >= 0, not {objective.sparse_weight}")
+    if max(objective.budgets) >= prefix:
+        raise bad("budgets", f"must each be below the prefix (seq_len - continuation = "
+                  f"{prefix}), where a budget keeps the full cache; got {max(objective.budgets)}")
+    weights = objective.budget_weights or (1.0,) * len(objective.budgets)
+    numbers = all(type(w) in (int, float) for w in weights)
+    if len(weights) != len(objective.budgets) or not numbers or min(weights) <= 0:
+        raise bad("budget_weights", f"must give one positive weight per budget "
+                  f"({len(objective.budgets)}), not {list(weights)}")
+    return replace(objective, budget_weights=weights)
 
 
 # The families here that llama.cpp's converter has a class for (it has none for OPT), and the
@@ -554,12 +694,27 @@ def quantized_plan(settings: Settings, backends: Iterable[str]) -> dict:
             "convert": sorted({(m, t) for m, t, _ in verify} | roles)}
 
 
+def check_peer(name: str, pair: Pair | None) -> None:
+    """A pair for llama.cpp's own speculative example: both roles GGUF files on one device."""
+    key = "config 'quantized.peer'"
+    if pair is None:
+        raise DecodelabError(f"{key}: no pair named {name!r} in 'speculative.pairs'")
+    if not (pair.quant("target") and pair.quant("draft")):
+        raise DecodelabError(f"{key}: pair {name!r} needs target_backend and draft_backend "
+                             "llamacpp (llama.cpp's speculative example runs two GGUF files)")
+    if pair.target_device != pair.draft_device:
+        raise DecodelabError(f"{key}: pair {name!r} runs its target on {pair.target_device} and "
+                             f"its draft on {pair.draft_device}; the example runs both on one")
+
+
 def check_quantized(settings: Settings) -> None:
     """A llama.cpp role names its GGUF type and runs on the CPU or CUDA; a PyTorch one names
     none; config 'quantized' names known models."""
     for name in settings.quantized.models:
         if name not in settings.models:
             raise DecodelabError(f"config 'quantized.models': no model named {name!r} in 'models'")
+    for name in settings.quantized.peer:
+        check_peer(name, settings.speculative.pairs.get(name))
     for name, pair in settings.speculative.pairs.items():
         for role in ("target", "draft"):
             key = f"speculative.pairs.{name}.{role}"
@@ -576,6 +731,23 @@ def check_quantized(settings: Settings) -> None:
             if pair.backend(role) == "llamacpp" and device == "mps":
                 raise DecodelabError(f"config '{key}_device': llama.cpp roles run on cpu or "
                                      "cuda here (Metal is llama.cpp's own build on a Mac)")
+
+
+def check_long(settings: Settings) -> None:
+    """Config 'long' names a rotary-position target (its KV view keeps true positions, which a
+    learned position table cannot take past its length) and drafters among the models."""
+    long = settings.long
+    if long is None:
+        return
+    for key, name in [("long.target", long.target),
+                      *[("long.drafters", d) for d in long.drafters if d != "self"]]:
+        if name not in settings.models:
+            raise DecodelabError(f"config '{key}': no model named {name!r} in 'models'")
+        family = model_family(settings.models[name])
+        if family not in (None, "llama"):
+            raise DecodelabError(f"config '{key}': model {name!r} is a {family} model; the "
+                                 "long-context study needs rotary positions (a train model "
+                                 "with arch: llama, or the init preset llama-tiny)")
 
 
 def check_engines(settings: Settings) -> None:

@@ -1,9 +1,16 @@
-"""Self-speculation at long contexts: the target drafts through a sparse view of its own KV cache
-(training-free, as TriForce and MagicDec do) and verifies with the full cache, through
-`speculative`'s proposal, rejection rule and rollback.
+"""Speculation at long contexts with a sparse draft cache, through `speculative`'s proposal,
+rejection rule and rollback; the verifier always uses its full cache.
 
-The view is rebuilt from the full cache before every proposal (`sparse_kv`), so it is always an
-exact subset of the target's KV and needs no rollback of its own; only the full cache rolls back.
+Two drafters (`sparse_kv` picks the positions a draft sees):
+- self-speculation (`drafter=None`): the target drafts through a sparse view of its own full
+  cache (training-free, as TriForce and MagicDec do);
+- a separate small drafter (as BudgetDraft does): it keeps its OWN full cache, extended with
+  the tokens accepted since the last proposal in one full-attention pass before each proposal,
+  and drafts through a sparse view of it.
+
+Either way the view is rebuilt from a full cache before every proposal and drafting writes only
+into the view (a copy), so the full caches are exact (every accepted token's KV as full
+attention computes it) and only the target's rolls back: the drafter's never holds a draft.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
+from transformers import DynamicCache
 
 from .config import GREEDY, Sampling
 from .decode import cache_kwarg, new_cache
@@ -22,6 +30,7 @@ from .speculative import (
     Result,
     Spans,
     check_finite,
+    check_vocab,
     device_of,
     keep_ends,
     pending,
@@ -51,40 +60,85 @@ class TruePositions:
     __call__ = forward
 
 
+class SelfDraft:
+    """The target drafts on a view of its own full cache; the queries that score chunks are
+    those of the latest cached token in the last full-cache pass (the verification's)."""
+
+    passes = 0  # full-cache passes of its own: none
+
+    def __init__(self, model, cache, probe: QueryProbe | None):
+        self.model, self.cache, self.probe, self.latest = model, cache, probe, -1
+
+    def view(self, seq: list[int], policy: Policy, spans: Spans, device) -> DynamicCache:
+        with spans.span("draft", device):
+            queries = self.probe.at(self.latest) if self.probe is not None else None
+            return sparse_view(self.cache, policy.select(self.cache, queries))
+
+    def accepted(self, n: int) -> None:
+        self.latest = n  # the verification pass's row of the latest token now cached
+
+
+class SeparateDraft:
+    """A drafter with its own full cache: before each proposal it catches up on every token
+    but the latest (one full-attention pass, whose last row gives the retrieval queries), then
+    drafts on a view of that cache."""
+
+    def __init__(self, model, probe: QueryProbe | None):
+        self.model, self.cache, self.probe = model, new_cache(model), probe
+        self.passes = 0  # catch-up passes, the prompt's included
+
+    def view(self, seq: list[int], policy: Policy, spans: Spans, device) -> DynamicCache:
+        behind = seq[self.cache.get_seq_length():-1]
+        if behind:  # empty only before a one-token prompt
+            spans.feed("draft", self.model, self.cache, torch.tensor(behind, device=device))
+            self.passes += 1
+        with spans.span("draft", device):
+            queries = self.probe.at(-1) if self.probe is not None and behind else None
+            return sparse_view(self.cache, policy.select(self.cache, queries))
+
+    def accepted(self, n: int) -> None:
+        pass
+
+
 @torch.inference_mode()
 def generate(model, prompt: list[int], budget: int, k: int, policy: Policy,
              s: Sampling = GREEDY, draft_generator: torch.Generator | None = None,
              target_generator: torch.Generator | None = None,
-             accept=speculative_accept) -> Result:
-    """Exactly `budget` new tokens after `prompt`, K tokens drafted per target call by `model`
-    on the positions `policy` keeps of its full cache; `accept` is the rejection rule."""
+             accept=speculative_accept, drafter=None) -> Result:
+    """Exactly `budget` new tokens after `prompt`, K tokens drafted per target call on the
+    positions `policy` keeps of a full cache: the target's own (`drafter=None`) or `drafter`'s.
+    `accept` is the rejection rule. With a drafter, `draft_forwards` counts its catch-up passes
+    too and `draft_s` includes its prompt pass (as `speculative.generate` does)."""
     if not prompt:
-        raise DecodelabError("self-speculation needs a prompt of at least one token")
-    with QueryProbe(model) if policy.name == "retrieval" else nullcontext() as probe:
-        return speculate(model, prompt, budget, k, policy, probe, s, draft_generator,
+        raise DecodelabError("sparse-KV speculation needs a prompt of at least one token")
+    drafting = model if drafter is None else drafter
+    if drafter is not None:
+        check_vocab(model, drafter)
+        if device_of(drafter) != device_of(model):
+            raise DecodelabError("the sparse drafter and the target must sit on one device")
+    with QueryProbe(drafting) if policy.name == "retrieval" else nullcontext() as probe:
+        return speculate(model, drafter, prompt, budget, k, policy, probe, s, draft_generator,
                          target_generator, accept)
 
 
-def speculate(model, prompt: list[int], budget: int, k: int, policy: Policy,
+def speculate(model, drafter, prompt: list[int], budget: int, k: int, policy: Policy,
               probe: QueryProbe | None, s: Sampling, draft_generator: torch.Generator | None,
               target_generator: torch.Generator | None, accept) -> Result:
     device = device_of(model)
     cache = new_cache(model)
+    draft = SelfDraft(model, cache, probe) if drafter is None else SeparateDraft(drafter, probe)
     seq = list(prompt)
     out = Result(tokens=[])
     spans = Spans()
     kept = {"target": [], "draft": []}  # first and latest logits, checked after timing
-    latest = -1  # the row of the latest cached token in the last full-cache pass
     start = now(device)
     if len(prompt) > 1:  # the full cache holds every token but the latest, as after a rollback
         spans.feed("target", model, cache, torch.tensor(prompt[:-1], device=device))
     while len(seq) - len(prompt) < budget:
         k_now = min(k, budget - (len(seq) - len(prompt)) - 1)  # never emit past the budget
-        with spans.span("draft", device):
-            queries = probe.at(latest) if probe is not None else None
-            view = sparse_view(cache, policy.select(cache, queries))
+        view = draft.view(seq, policy, spans, device)
         draft_tokens, draft_probs, draft_logits = propose(
-            TruePositions(model, cache.get_seq_length()), view, pending(seq, cache, device),
+            TruePositions(draft.model, len(seq) - 1), view, torch.tensor(seq[-1:], device=device),
             k_now, s, draft_generator, spans)
         n, nxt, target_logits = verify(model, cache, pending(seq, cache, device), draft_tokens,
                                        draft_probs, s, target_generator, accept, spans)
@@ -92,12 +146,14 @@ def speculate(model, prompt: list[int], budget: int, k: int, policy: Policy,
         keep_ends(kept["draft"], draft_logits)
         seq += draft_tokens[:n].tolist() + [nxt]
         rollback(cache, len(seq) - 1)
-        latest = n
+        draft.accepted(n)
         out.accepted.append(n)
+        out.proposals.append(k_now)
         out.proposed += k_now
         out.draft_forwards += k_now
     out.total_s = now(device) - start
-    check_finite({"target": model, "draft": model}, kept)
+    check_finite({"target": model, "draft": draft.model}, kept)
+    out.draft_forwards += draft.passes
     out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
     if len(prompt) > 1:
         out.prefill_s = spans.first("target")

@@ -24,14 +24,17 @@ MIN_PER_HALF estimate nothing: the row says so and is not distinguishable.
 
     selection.csv  one row per quoted best: speculative_best (pair and K in the headline mode,
                    speedup over autoregressive decoding), kv_best (cache-off over cache-on total
-                   latency), spike_largest (cache-on total latency over its local trend)
+                   latency), spike_largest (cache-on total latency over its local trend), and at
+                   that chosen spike spike_decode and spike_prefill (each phase over its own
+                   trend) and kv_at_spike (the KV-cache speedup there, on the ablation's
+                   estimating half)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -70,7 +73,7 @@ def cell_words(cells: list[int], cell: str, processes: int) -> str:
     return f"{cell}s {', '.join(map(str, cells))} of each of {processes} processes"
 
 
-def by_process(rows: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+def by_process(rows: pd.DataFrame, keys: list[str], value: str | list[str]) -> pd.DataFrame:
     """One row per process and configuration (the median over its cells)."""
     if "cell" not in rows:
         return rows
@@ -136,27 +139,58 @@ def unsplit(claim: str, label: str, naive: float, reason: str) -> dict:
             "distinguishable": False, "naive": naive, "reason": reason}
 
 
-def choose(claim: str, values: Callable[[pd.DataFrame], pd.Series], label: Callable,
-           samples: Callable, statistic: Callable, rows: pd.DataFrame, ci: Confidence,
-           unit: tuple[list[str], str, str]) -> dict | None:
-    """Choose the configuration with the largest `values` on one half of `rows` and estimate
-    `statistic` of its `samples` on the other (`split`); None when nothing was measured.
-    `unit`: the configuration's keys, the value column and what a cell is called."""
+@dataclass(frozen=True)
+class Choice:
+    """The configuration chosen on one half (`best`), the other half's rows to estimate it on
+    (`estimating`, with both halves in words), the naive top over every process and its value;
+    `reason` says why nothing is estimated ('' when something is)."""
+    best: tuple
+    estimating: pd.DataFrame | None
+    halves: tuple[str, str]
+    naive_best: tuple
+    naive: float
+    reason: str = ""
+
+
+def choice(values: Callable[[pd.DataFrame], pd.Series], rows: pd.DataFrame,
+           unit: tuple[list[str], str | list[str], str]) -> Choice | None:
+    """The configuration with the largest `values` on one half of `rows` (`split`); None when
+    nothing was measured. `unit`: the configuration's keys, the value column(s) and what a cell
+    is called."""
     keys, value, cell = unit
     everything = values(by_process(rows, keys, value)).dropna()
     if not len(everything):
         return None
-    naive = float(everything.max())
+    naive = (everything.idxmax(), float(everything.max()))
     found = split(rows, keys, value, cell)
     if isinstance(found, str):
-        return unsplit(claim, label(everything.idxmax()), naive, found)
+        return Choice(naive[0], None, ("", ""), *naive, found)
     choosing_rows, estimating, *halves_words = found
     choosing = values(choosing_rows).dropna()
     if not len(choosing):
-        return unsplit(claim, label(everything.idxmax()), naive, "no value on the choosing half")
-    best = choosing.idxmax()
-    return selected(claim, label(best), statistic, samples(estimating, best), naive,
-                    tuple(halves_words), ci)
+        return Choice(naive[0], None, ("", ""), *naive, "no value on the choosing half")
+    return Choice(choosing.idxmax(), estimating, tuple(halves_words), *naive)
+
+
+def estimate(claim: str, label: str, found: Choice, statistic: Callable,
+             samples: tuple[np.ndarray, ...], naive: float, ci: Confidence) -> dict:
+    """The row of `claim` at the chosen configuration: `statistic` of the estimating half's
+    `samples`, or the naive value for contrast when nothing can be estimated."""
+    if found.reason:
+        return unsplit(claim, label, naive, found.reason)
+    return selected(claim, label, statistic, samples, naive, found.halves, ci)
+
+
+def choose(claim: str, values: Callable[[pd.DataFrame], pd.Series], label: Callable,
+           samples: Callable, statistic: Callable, rows: pd.DataFrame, ci: Confidence,
+           unit: tuple[list[str], str, str]) -> dict | None:
+    """Choose the configuration with the largest `values` on one half of `rows` and estimate
+    `statistic` of its `samples` on the other; None when nothing was measured."""
+    found = choice(values, rows, unit)
+    if found is None:
+        return None
+    drawn = samples(found.estimating, found.best) if found.estimating is not None else ()
+    return estimate(claim, label(found.best), found, statistic, drawn, found.naive, ci)
 
 
 # -----------------------------------------------------------------------------
@@ -280,24 +314,33 @@ def kv_best(runs: pd.DataFrame, ci: Confidence) -> dict | None:
 # -----------------------------------------------------------------------------
 # the largest excursion above the local trend (the spike rule's ratio, per process)
 
+RATIOS = {"total_s": "ratio", "decode_s": "decode_ratio", "prefill_s": "prefill_ratio"}
+
+
 def trend_ratios(runs: pd.DataFrame, window: int, threshold: float) -> pd.DataFrame:
-    """Per cache-on sweep configuration, budget and process: total latency over its local
-    trend, as the spike rule computes it (`regimes.repeat_ratios`)."""
+    """Per cache-on sweep configuration, budget and process: each latency over its local trend,
+    as the spike rule computes it (`regimes.repeat_ratios`): `ratio` for total latency, a
+    column per phase (RATIOS)."""
     on = sweep_cells(runs[(runs["experiment"] == "sweep") & runs["use_cache"]])
+    keys = [*REGIME_BY, "budget", "repeat"]
     if not len(on):
-        return pd.DataFrame(columns=[*REGIME_BY, "budget", "repeat", "ratio"])
+        return pd.DataFrame(columns=[*keys, *RATIOS.values()])
     by = [*REGIME_BY, "cell"] if "cell" in on else REGIME_BY  # a curve per inner repeat
-    return repeat_ratios(on, "total_s", by, window=window, threshold=threshold)
+    keys = [*by, "budget", "repeat"]
+    ratios = [repeat_ratios(on, metric, by, window=window, threshold=threshold)
+              .rename(columns={"ratio": column})[[*keys, column]]
+              for metric, column in RATIOS.items()]
+    return ratios[0].merge(ratios[1], on=keys, how="left").merge(ratios[2], on=keys, how="left")
 
 
-def median_ratios(ratios: pd.DataFrame) -> pd.Series:
-    return ratios.groupby([*REGIME_BY, "budget"])["ratio"].median()
+def median_ratios(ratios: pd.DataFrame, column: str = "ratio") -> pd.Series:
+    return ratios.groupby([*REGIME_BY, "budget"])[column].median()
 
 
-def ratio_samples(ratios: pd.DataFrame, key: tuple) -> tuple[np.ndarray]:
+def ratio_samples(ratios: pd.DataFrame, key: tuple, column: str = "ratio") -> tuple[np.ndarray]:
     keys = [*REGIME_BY, "budget"]
     hit = np.logical_and.reduce([ratios[k] == v for k, v in zip(keys, key, strict=True)])
-    return (ratios.loc[hit, "ratio"].dropna().to_numpy(float),)
+    return (ratios.loc[hit, column].dropna().to_numpy(float),)
 
 
 def spike_label(key: tuple) -> str:
@@ -306,19 +349,59 @@ def spike_label(key: tuple) -> str:
             f"prompt {int(values['prompt_len'])}, budget {int(values['budget'])}")
 
 
-def spike_largest(runs: pd.DataFrame, window: int, threshold: float, ci: Confidence
-                  ) -> dict | None:
-    ratios = trend_ratios(runs, window, threshold)
-    if not len(ratios):
+def kv_key(spike: tuple) -> tuple:
+    """The KV-cache configuration (KV_KEYS) of a spike's configuration."""
+    return tuple(dict(zip([*REGIME_BY, "budget"], spike, strict=True))[k] for k in KV_KEYS)
+
+
+def kv_at(runs: pd.DataFrame, found: Choice, ci: Confidence) -> dict | None:
+    """kv_at_spike: the KV-cache speedup at the chosen spike's configuration, on the estimating
+    half of the ablation's own processes (or cells); the naive one over all of them at the
+    naive top spike, for contrast."""
+    ablation = sweep_cells(runs[runs["experiment"] == "ablation"])
+    if not len(ablation):
         return None
-    return choose("spike_largest", median_ratios, spike_label, ratio_samples, np.median,
-                  ratios.dropna(subset=["ratio"]), ci,
-                  ([*REGIME_BY, "budget"], "ratio", "inner repeat"))
+    unit, label = [*KV_KEYS, "use_cache"], spike_label(found.best)
+    speedups = kv_speedups(by_process(ablation, unit, "total_s"))
+    naive = float(speedups.get(kv_key(found.naive_best), np.nan))
+    if found.reason:
+        return unsplit("kv_at_spike", label, naive, found.reason)
+    if kv_key(found.best) not in speedups.index:
+        return unsplit("kv_at_spike", label, naive, "the ablation did not measure it")
+    halves = split(ablation, unit, "total_s", "inner repeat")
+    if isinstance(halves, str):
+        return unsplit("kv_at_spike", label, naive, halves)
+    _, estimating, *words = halves
+    return selected("kv_at_spike", label, median_ratio, kv_samples(estimating, kv_key(found.best)),
+                    naive, tuple(words), ci)
+
+
+def spike_claims(runs: pd.DataFrame, window: int, threshold: float, ci: Confidence
+                 ) -> list[dict]:
+    """The largest excursion above the local trend (spike_largest), chosen on total latency,
+    and at that one configuration the phases' ratios to their trends (spike_decode,
+    spike_prefill) and the KV-cache speedup (kv_at_spike), all estimated on the other half:
+    the claims that the spikes come from the decode phase and that the cache's speedup
+    collapses in them."""
+    ratios = trend_ratios(runs, window, threshold).dropna(subset=["ratio"])
+    found = choice(median_ratios, ratios, ([*REGIME_BY, "budget"], list(RATIOS.values()),
+                                           "inner repeat"))
+    if found is None:
+        return []
+    label, drawn = spike_label(found.best), found.estimating
+    rows = []
+    for claim, column in (("spike_largest", "ratio"), ("spike_decode", "decode_ratio"),
+                          ("spike_prefill", "prefill_ratio")):
+        naive = median_ratios(by_process(ratios, [*REGIME_BY, "budget"], column),
+                              column).get(found.naive_best, np.nan)
+        samples = ratio_samples(drawn, found.best, column) if drawn is not None else ()
+        rows.append(estimate(claim, label, found, np.median, samples, float(naive), ci))
+    return [*rows, kv_at(runs, found, ci)]
 
 
 def selection_table(runs: pd.DataFrame, spec_proc: pd.DataFrame, regimes: dict,
                     ci: Confidence) -> pd.DataFrame:
-    """The three quoted bests; a claim whose stage measured nothing has no row."""
+    """The quoted bests; a claim whose stage measured nothing has no row."""
     rows = [speculative_best(spec_proc, ci), kv_best(runs, ci),
-            spike_largest(runs, regimes["window"], regimes["threshold"], ci)]
+            *spike_claims(runs, regimes["window"], regimes["threshold"], ci)]
     return pd.DataFrame([r for r in rows if r is not None], columns=COLUMNS)

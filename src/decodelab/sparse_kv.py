@@ -118,9 +118,23 @@ def random_chunks(n_chunks: int, picks: int, g: torch.Generator) -> torch.Tensor
 
 
 def gather(states: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """states [1, h_kv, N, d], kept [h_kv, n] -> [1, h_kv, n, d]."""
-    index = kept[None, :, :, None].expand(1, -1, -1, states.shape[-1])
-    return states.gather(2, index)
+    """states [b, h_kv, N, d], kept [h_kv, n] (every row) or [b, h_kv, n] -> [b, h_kv, n, d]."""
+    kept = kept.expand(states.shape[0], -1, -1)
+    return states.gather(2, kept[..., None].expand(-1, -1, -1, states.shape[-1]))
+
+
+def select_rows(policy: Policy, cache: DynamicCache,
+                queries: list[list[torch.Tensor]] | None = None) -> Selection:
+    """`policy.select` for each batch row of `cache` (`queries[i]`: row i's), stacked per layer
+    as [b, h_kv, n]: a budget gives every row the same n."""
+    rows = [policy.select(row_of(cache, i), None if queries is None else queries[i])
+            for i in range(cache.layers[0].keys.shape[0])]
+    return [torch.stack(layer) for layer in zip(*rows, strict=True)]
+
+
+def row_of(cache: DynamicCache, i: int) -> DynamicCache:
+    return DynamicCache(ddp_cache_data=[(layer.keys[i:i + 1], layer.values[i:i + 1])
+                                        for layer in cache.layers])
 
 
 def sparse_view(cache: DynamicCache, selection: Selection) -> DynamicCache:
@@ -134,9 +148,9 @@ def sparse_view(cache: DynamicCache, selection: Selection) -> DynamicCache:
 
 
 class QueryProbe:
-    """The rotated queries of a Llama-style model's latest forward pass, per layer ([h_q, T, d]),
-    recomputed from each attention module's inputs by a pre-hook (one extra query projection
-    per layer and pass). A context manager: the hooks go on exit."""
+    """The rotated queries of a Llama-style model's latest forward pass, per layer
+    ([b, h_q, T, d]), recomputed from each attention module's inputs by a pre-hook (one extra
+    query projection per layer and pass). A context manager: the hooks go on exit."""
 
     def __init__(self, model):
         self.queries: dict[int, torch.Tensor] = {}
@@ -148,11 +162,11 @@ class QueryProbe:
         hidden = kwargs["hidden_states"]
         cos, sin = kwargs["position_embeddings"]
         q = module.q_proj(hidden).view(*hidden.shape[:-1], -1, module.head_dim).transpose(1, 2)
-        self.queries[layer] = apply_rotary_pos_emb(q, q, cos, sin)[0][0]
+        self.queries[layer] = apply_rotary_pos_emb(q, q, cos, sin)[0]
 
-    def at(self, row: int) -> list[torch.Tensor]:
-        """Per layer, the queries of one row of the latest pass: [h_q, d]."""
-        return [self.queries[i][:, row] for i in sorted(self.queries)]
+    def at(self, row: int, seq: int = 0) -> list[torch.Tensor]:
+        """Per layer, the queries of one row of the latest pass, of batch item `seq`: [h_q, d]."""
+        return [self.queries[i][seq, :, row] for i in sorted(self.queries)]
 
     def __enter__(self) -> QueryProbe:
         return self

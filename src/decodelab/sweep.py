@@ -7,6 +7,7 @@ import itertools
 import math
 import random
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from . import graphs, machine, models
+from .config import SweepJob
 from .decode import decode
 from .devices import (
     fingerprint,
@@ -91,52 +93,47 @@ def measure(model, prompt: torch.Tensor, cfg: dict, device: str, probe=None) -> 
     }
 
 
-def dtypes(spec: dict) -> list[str]:
-    """`dtype` is one name or a list measured one after another in the same process."""
-    return [spec["dtype"]] if isinstance(spec["dtype"], str) else list(spec["dtype"])
-
-
 def caches_of(experiment: str) -> list[bool]:
     return [True, False] if experiment == "ablation" else [True]
 
 
-def expected_rows(spec: dict, experiment: str) -> tuple[int, str]:
+def expected_rows(spec: SweepJob, experiment: str) -> tuple[int, str]:
     """How many rows one process writes, and what they are made of: its raw file's stamp."""
-    sizes = {"budget": len(spec["budgets"]), "prompt length": len(spec["prompt_lengths"]),
-             "dtype": len(dtypes(spec)), "cache setting": len(caches_of(experiment)),
-             "inner repeat": spec["inner_repeats"]}
+    sizes = {"budget": len(spec.budgets), "prompt length": len(spec.prompt_lengths),
+             "dtype": len(spec.dtypes), "cache setting": len(caches_of(experiment)),
+             "inner repeat": spec.inner_repeats}
     made_of = " x ".join(f"{n} {name}{'s' * (n != 1)}" for name, n in sizes.items())
     return math.prod(sizes.values()), f"{experiment}: {made_of}"
 
 
-def run(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
+def run(model_dir: str, model_name: str, backend: str, spec: SweepJob, repeat: int,
         experiment: str, progress: bool = True) -> pd.DataFrame:
     """Measure the whole grid of `spec` once per dtype, in this process; one row per
     configuration."""
-    check_positions(models.check_model_dir(model_dir, f"model {model_name!r}"), spec["budgets"],
-                    spec["prompt_lengths"], model_name)
-    set_sdp_backends(spec.get("sdp_backends"))
+    check_positions(models.check_model_dir(model_dir, f"model {model_name!r}"), spec.budgets,
+                    spec.prompt_lengths, model_name)
+    set_sdp_backends(spec.sdp_backends)
     job = machine.Job()
-    df = pd.concat([run_dtype(model_dir, model_name, backend, {**spec, "dtype": dtype}, repeat,
+    df = pd.concat([run_dtype(model_dir, model_name, backend, replace(spec, dtype=dtype), repeat,
                               experiment, index, progress)
-                    for index, dtype in enumerate(dtypes(spec))], ignore_index=True)
+                    for index, dtype in enumerate(spec.dtypes)], ignore_index=True)
     return df.assign(**job.columns())
 
 
-def run_dtype(model_dir: str, model_name: str, backend: str, spec: dict, repeat: int,
+def run_dtype(model_dir: str, model_name: str, backend: str, spec: SweepJob, repeat: int,
               experiment: str, index: int, progress: bool) -> pd.DataFrame:
     caches = caches_of(experiment)
     manifest = models.read_manifest(model_dir)
-    model = graphs.engine(models.load(model_dir, backend, spec["dtype"]),
-                          spec.get("engine", "eager"), "sweep.engine")
+    model = graphs.engine(models.load(model_dir, backend, spec.dtype),
+                          spec.engine or "eager", "sweep.engine")
     vocab = model.config.vocab_size
-    prompts = {p: make_prompt(vocab, p, spec["seed"], backend) for p in spec["prompt_lengths"]}
-    shuffle_seed = spec["seed"] + 7919 * repeat + 104_729 * index
-    grid = shuffled(make_grid(spec["budgets"], spec["prompt_lengths"], caches,
-                              spec["inner_repeats"]), shuffle_seed)
-    warm_up(model, prompts, caches, min(spec["budgets"]), spec["warmup"])
+    prompts = {p: make_prompt(vocab, p, spec.seed, backend) for p in spec.prompt_lengths}
+    shuffle_seed = spec.seed + 7919 * repeat + 104_729 * index
+    grid = shuffled(make_grid(spec.budgets, spec.prompt_lengths, caches, spec.inner_repeats),
+                    shuffle_seed)
+    warm_up(model, prompts, caches, min(spec.budgets), spec.warmup)
     rows = []
-    label = f"{experiment} {backend}/{model_name} {spec['dtype']} rep{repeat}"
+    label = f"{experiment} {backend}/{model_name} {spec.dtype} rep{repeat}"
     probe = sm_clock_probe(backend)
     for order, cfg in enumerate(tqdm(grid, desc=label, disable=not progress, mininterval=1)):
         with machine.watched() as load:
@@ -148,10 +145,10 @@ def run_dtype(model_dir: str, model_name: str, backend: str, spec: dict, repeat:
         "family": models.family_of(model.config),
         "source": manifest.get("source", "unknown"),
         "parameters": models.count_parameters(model),
-        "dtype": spec["dtype"],
+        "dtype": spec.dtype,
         "repeat": repeat,
         "shuffle_seed": shuffle_seed,
-        "seed": spec["seed"],
-        **fingerprint(backend, spec),
+        "seed": spec.seed,
+        **fingerprint(backend, spec.job_spec()),
     }
     return pd.DataFrame([{**meta, **row} for row in rows])

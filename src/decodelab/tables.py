@@ -20,7 +20,8 @@ BACKEND_ORDER = ("cpu", "cuda", "mps")
 BACKEND_LABELS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
 # A group's file names share its prefix; read_group's keys drop it (speculative_hf -> "hf").
 PREFIXES = {"speculative": "speculative_", "verification": "verification_",
-            "regime_depth": "regime_", "quantized": "quantized_", "verdicts": "verdicts_"}
+            "regime_depth": "regime_", "quantized": "quantized_", "verdicts": "verdicts_",
+            "long": "long_"}
 ALL_OR_NONE = ("regime_depth",)  # read_group gives None unless every table asked for is there
 
 
@@ -70,6 +71,15 @@ def regime_depth(key: str, flags: tuple[str, ...] = ("use_cache",)) -> Table:
 
 
 CI = ("ci_low", "ci_high")
+LONG_TEXT = ("target", "backend", "drafter", "policy")  # and the numbers length, kv_budget
+
+
+def long(key: str, numeric: tuple[str, ...], per_mode: bool = True) -> Table:
+    """A long-context table, per configuration (and per mode and K where `per_mode`)."""
+    return Table(f"long_{key}", "long", "long_stats", "Long contexts",
+                 numeric=("length", "kv_budget", *(("k",) if per_mode else ()), *numeric),
+                 text=(*LONG_TEXT, *(("mode",) if per_mode else ())), optional=True)
+
 # Every row's stability verdict (decodelab.stability). Not required of a host: results from
 # before it (results/reference/, older imports) lack it.
 STABLE, REASON = ("stable",), ("unstable_reason",)
@@ -136,13 +146,26 @@ TABLES = (
                        "agree_speculative")),
     speculative("parallelism", ("context", "k", "ratio", *CI, "n")),
     Table("quantized_verify_cost", "quantized", "quantized_stats", "Quantized",
-          numeric=("context", "k", "ratio", *CI, "n", "extra_per_token"),
-          text=("backend", "quantization", "device", "model"), optional=True),
+          numeric=("context", "k", "ratio", *CI, "n", "extra_per_token"), flags=STABLE,
+          text=("backend", "quantization", "device", "model", *REASON), optional=True),
     Table("quantized_speculative", "quantized", "quantized_stats", "Quantized",
           numeric=("k", "speedup", *CI, "agree", "sequences", "diverged", "first_divergence",
                    "min_margin"),
           text=("pair", "target_backend", "target_quant", "draft_backend", "draft_quant",
                 "mode"), optional=True),
+    Table("quantized_peer", "quantized", "quantized_stats", "Quantized",
+          numeric=("k", "peer_speedup", *CI, "n", "peer_acceptance", "peer_tokens_per_s",
+                   "peer_autoregressive_tokens_per_s", "decodelab_speedup",
+                   "decodelab_proposal_acceptance"),
+          text=("pair", "mode"), optional=True),
+    # the long-context study (decodelab.longstats): per L x KV budget x policy x drafter x mode
+    # x K, intervals over held-out documents
+    long("acceptance", ("alpha", *CI, "proposal_acceptance", "proposal_ci_low",
+                        "proposal_ci_high", "tokens_per_call", "n")),
+    long("speedup", ("speedup", *CI, "spec_s", "autoregressive_s", "cost_ratio", "alpha",
+                     "predicted", "n")),
+    long("memory", ("draft_kv_bytes", "verifier_kv_bytes", "peak_bytes", "rss_bytes", "n"),
+         per_mode=False),
     verification("levels", ("level", "statistic", "dof", "p_value", "n"),
                  flags=("rejected", "expected_rejected")),
     verification("power", ("level", "n", "seeds", "alpha", "rejections", "rate")),

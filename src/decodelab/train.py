@@ -1,5 +1,6 @@
 """The `train` model source: a small GPT-2 (or, with `arch: llama`, a rotary-position Llama for
-long contexts) trained here, on the running Python's standard library.
+long contexts) trained here, on the running Python's standard library. A drafter may train with
+a sparse-cache `objective` instead of next-token loss (budgetdraft.py).
 
 Every machine that runs decodelab has that corpus, so draft/target pairs with meaningful
 acceptance can be made offline. The corpus differs between Python versions; its SHA-256 is
@@ -15,12 +16,15 @@ import shutil
 import sys
 import sysconfig
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from . import budgetdraft
+from .config import draft_objective
 from .devices import backend_problem, claim_gpu, device_name
 from .errors import DecodelabError
 from .models import count_parameters, load, read_manifest, write_manifest
@@ -42,7 +46,10 @@ REQUIRED = {
     "vocab_size": int, "corpus_mb": (int, float), "seq_len": int, "batch_size": int,
     "steps": int, "lr": (int, float), "seed": int,
 }
-OPTIONAL = {"teacher": str, "distill": (int, float), "device": str, "arch": str}
+OPTIONAL = {"teacher": str, "distill": (int, float), "device": str, "arch": str,
+            # a drafter's sparse-cache objective: config.DraftObjective, budgetdraft.py
+            "objective": str, "continuation": int, "budgets": list, "budget_weights": list,
+            "sparse_weight": (int, float), "sparse_policy": str}
 ARCHS = ("gpt2", "llama")
 
 Files = list[tuple[str, bytes]]  # (path relative to the stdlib, contents)
@@ -89,6 +96,8 @@ def validate(spec: dict, teacher_dir: Path | None) -> None:
         raise bad("device", f"must be cpu, cuda or mps, not {spec['device']!r}")
     if "teacher" in spec and teacher_dir is None:
         raise bad("teacher", f"names {spec['teacher']!r} but no teacher directory was given")
+    if drafting := draft_objective(spec):
+        budgetdraft.check_budgets(drafting)
 
 
 # corpus
@@ -258,6 +267,8 @@ def loss_fn(logits: torch.Tensor, y: torch.Tensor, teacher_logits: torch.Tensor 
 
 def objective(spec: dict) -> str:
     """What the recorded train losses measure (held-out losses are always cross-entropy)."""
+    if drafting := draft_objective(spec):
+        return budgetdraft.describe(drafting)
     d = float(spec.get("distill", 0.0)) if "teacher" in spec else 0.0
     if d == 0:
         return "cross-entropy"
@@ -271,6 +282,7 @@ def train(model: torch.nn.Module, data: torch.Tensor, spec: dict,
     gen = torch.Generator().manual_seed(spec["seed"])
     opt = optimizer(model, spec["lr"])
     distill = float(spec.get("distill", 0.0))
+    drafting = draft_objective(spec)
     device = next(model.parameters()).device
     model.train()
     losses = []
@@ -279,11 +291,14 @@ def train(model: torch.nn.Module, data: torch.Tensor, spec: dict,
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec["steps"], spec["lr"])
         x, y = (t.to(device) for t in batch(data, spec["seq_len"], spec["batch_size"], gen))
-        teacher_logits = None
-        if teacher is not None and distill > 0:
-            with torch.no_grad():
-                teacher_logits = logits_of(teacher, x)
-        loss = loss_fn(logits_of(model, x), y, teacher_logits, distill)
+        if drafting is not None:
+            loss = budgetdraft.loss(model, teacher, x, drafting, gen)
+        else:
+            teacher_logits = None
+            if teacher is not None and distill > 0:
+                with torch.no_grad():
+                    teacher_logits = logits_of(teacher, x)
+            loss = loss_fn(logits_of(model, x), y, teacher_logits, distill)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -407,6 +422,8 @@ def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -
         heldout_sample=dict(windows=len(windows), tokens=int(windows[:, 1:].numel())),
         train_seconds=round(train_seconds, 2),
     )
+    if drafting := draft_objective(spec):
+        info["draft_objective"] = asdict(drafting)
     if teacher is not None:
         beta, greedy = acceptance(teacher, model, windows)
         info |= dict(teacher=spec["teacher"], teacher_heldout_loss=heldout_loss(teacher, windows),

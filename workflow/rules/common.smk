@@ -16,6 +16,7 @@ from decodelab.config import (
     check_changepoints,
     check_cluster_backends,
     check_local_images,
+    check_long,
     check_positions,
     check_quantized,
     export_preflight,
@@ -194,7 +195,9 @@ def measured_outputs(wildcards):
         + speculative_runs(wildcards)
         + parallelism_runs(wildcards)
         + verify_cost_runs(wildcards)
+        + peer_runs(wildcards)
         + verification_reports(wildcards)
+        + long_runs(wildcards)
     )
 
 
@@ -244,6 +247,16 @@ def verify_cost_runs(wildcards):
     ]
 
 
+def peer_runs(wildcards):
+    """llama.cpp's own speculative example on the pairs of config 'quantized.peer' (here)."""
+    return [
+        f"results/{HOST}/llama.cpp-peer/{name}/rep{r}.parquet"
+        for name in SETTINGS.quantized.peer
+        if name in PAIRS
+        for r in range(SPEC.repeats)
+    ]
+
+
 def quantized_pair_runs(wildcards):
     return [
         f"results/{HOST}/speculative/{name}/rep{r}.parquet"
@@ -253,8 +266,34 @@ def quantized_pair_runs(wildcards):
     ]
 
 
+# The long-context study (long.smk): one process per repeat on config 'long.device', where the
+# config has a 'long' section and this host that device.
+checked(check_long, SETTINGS)
+LONG = SETTINGS.long
+
+
+def long_runs(wildcards):
+    if LONG is None or LONG.device not in BACKENDS:
+        return []
+    return [f"results/{HOST}/long/{LONG.device}/rep{r}.parquet" for r in range(LONG.repeats)]
+
+
+def long_drafters():
+    """The separate drafters' model names (`self` is the target)."""
+    return [d for d in LONG.drafters if d != "self"]
+
+
 # The stability verdicts (stats.smk): each study judged once, in verdicts_<study>.csv.
-STUDY_RUNS = {"sweep": raw_runs, "speculative": speculative_runs, "parallelism": parallelism_runs}
+def verification_parallelism_runs(wildcards):
+    """PyTorch's parallelism runs and llama.cpp's verify cost: one study, judged alike."""
+    return parallelism_runs(wildcards) + verify_cost_runs(wildcards)
+
+
+STUDY_RUNS = {
+    "sweep": raw_runs,
+    "speculative": speculative_runs,
+    "parallelism": verification_parallelism_runs,
+}
 
 
 def verdict_tables(*studies):

@@ -11,6 +11,9 @@ PAPER_FIGURES = [
     "parallelism",
     "theory",
     "quantized",
+    "long_acceptance",
+    "long_speedup",
+    "long_cost",
 ] + [
     "verification_tokens",
     "verification_pvalues",

@@ -50,11 +50,45 @@ rule verify_cost:
         " --threads {threads} --out {output} 2> {log}"
 
 
+rule llama_peer:
+    input:
+        target=pair_gguf("target"),
+        draft=pair_gguf("draft"),
+        target_dir=lambda wc: f"results/models/{PAIRS[wc.pair].target}",
+    output:
+        "results/{host}/llama.cpp-peer/{pair}/rep{repeat}.parquet",
+    log:
+        "logs/{host}/llama.cpp-peer/{pair}/rep{repeat}.log",
+    benchmark:
+        "benchmarks/{host}/llama.cpp-peer/{pair}/rep{repeat}.tsv"
+    wildcard_constraints:
+        repeat=r"\d+",
+    conda:
+        job_conda_env
+    container:
+        job_container
+    threads: lambda wc: workflow.cores if PAIRS[wc.pair].target_device == "cpu" else 1
+    resources:
+        bench_cpu=lambda wc: int(PAIRS[wc.pair].target_device == "cpu"),
+        gpu=lambda wc: int(PAIRS[wc.pair].target_device == "cuda"),
+    params:
+        spec=as_arg(SPEC.job_spec()),
+        device=lambda wc: PAIRS[wc.pair].target_device,
+    shell:
+        "decodelab llama-peer --pair {wildcards.pair} --target-gguf {input.target}"
+        " --draft-gguf {input.draft} --target-dir {input.target_dir}"
+        " --device {params.device} --spec {params.spec} --repeat {wildcards.repeat}"
+        " --threads {threads} --out {output} 2> {log}"
+
+
 rule quantized_stats:
     input:
         speedup="results/{host}/stats/speculative_speedup.csv",
+        acceptance="results/{host}/stats/speculative_acceptance.csv",
         verify_cost=verify_cost_runs,
+        verdicts=verdict_tables("parallelism"),
         runs=quantized_pair_runs,
+        peer=peer_runs,
     output:
         expand("results/{{host}}/stats/{table}.csv", table=tables.names("quantized")),
     log:
@@ -69,4 +103,6 @@ rule quantized_stats:
         stats=lambda wc, input: os.path.dirname(input.speedup),
     shell:
         "decodelab quantized-stats --spec {params.spec} --stats {params.stats}"
-        " --out {params.out} --verify-cost {input.verify_cost} --runs {input.runs} 2> {log}"
+        " --verdicts {input.verdicts}"
+        " --out {params.out} --verify-cost {input.verify_cost} --runs {input.runs}"
+        " --peer {input.peer} 2> {log}"

@@ -81,7 +81,7 @@ rule stability:
     input:
         runs="results/{host}/runs.parquet",
         speculative=speculative_runs,
-        parallelism=parallelism_runs,
+        parallelism=verification_parallelism_runs,
         verdicts=verdict_tables("sweep", "speculative", "parallelism"),
     output:
         expand("results/{{host}}/stats/{table}.csv", table=tables.names("stability")),

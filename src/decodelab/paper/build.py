@@ -17,6 +17,7 @@ from . import (
     artifact,
     environment,
     latency,
+    long,
     noise,
     quantized,
     regime_depth,
@@ -27,7 +28,7 @@ from . import (
 from .section import Section
 from .tex import macros_tex
 
-SECTIONS = (settings, environment, noise, latency, speculative, quantized, verification,
+SECTIONS = (settings, environment, noise, latency, speculative, quantized, long, verification,
             regime_depth, artifact)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from .. import tables
@@ -101,7 +100,7 @@ def regime_macros(regimes: pd.DataFrame, ran: list[str]) -> tuple[dict[str, str]
     by_backend = [f"{label(b)} {int(flagged['backend'].eq(b).sum())}" for b in ran]
     macros["SpikesByBackend"] = ", ".join(by_backend) or "none (no backend ran)"
     macros.update(extreme_macros("MaxTrend", total))
-    macros.update(extreme_macros("MaxSpike", flagged))
+    macros.update(extreme_macros("MaxSpike", flagged))  # naive: the claims quote the selection
     top = flagged.sort_values("ratio_median").tail(1)
     macros["MaxSpikePrefillRatio"] = sig(phase_ratios(regimes, top, "prefill_s").max())
     macros["MaxSpikeDecodeRatio"] = sig(phase_ratios(regimes, top, "decode_s").max())
@@ -118,19 +117,6 @@ def extreme_macros(prefix: str, rows: pd.DataFrame) -> dict[str, str]:
     return {f"{prefix}Ratio": sig(top["ratio_median"]), f"{prefix}Budget": str(int(top["budget"])),
             f"{prefix}Backend": label(top["backend"]),
             f"{prefix}Model": f"\\texttt{{{tex_escape(top['model'])}}}"}
-
-
-def kv_at_spike(kv: pd.DataFrame, regimes: pd.DataFrame) -> str:
-    """KV speedup (total) at the configuration of the largest cache-on spike, or '--'."""
-    on = cache_on(regimes)
-    flagged = on[(on["metric"] == "total_s") & on["spike"]]
-    if not len(flagged) or not len(kv):
-        return NONE
-    top = flagged.loc[flagged["ratio_median"].idxmax()]
-    keys = ["backend", "model", "dtype", "prompt_len", "budget"]
-    hit = kv[(kv["metric"] == "total_s")
-             & np.logical_and.reduce([kv[k] == top[k] for k in keys])]
-    return sig(hit["speedup"].iloc[0]) if len(hit) else NONE
 
 
 def kv_macros(kv: pd.DataFrame) -> dict[str, str]:
@@ -212,7 +198,6 @@ def parts(stats_dir: Path, settings: dict) -> Section:
                             for name in ("latency", "kv_speedup", "regimes"))
     reg_macros, reg_flags = regime_macros(regimes, backends_run(tables.read(stats_dir,
                                                                             "environment")))
-    macros = {**latency_macros(latency), **reg_macros, **kv_macros(kv),
-              "KvSpeedupAtMaxSpike": kv_at_spike(kv, regimes)}
+    macros = {**latency_macros(latency), **reg_macros, **kv_macros(kv)}
     return Section(macros, reg_flags, {"tab_kv.tex": kv_table(kv, confidence(settings)),
                                        "tab_regimes.tex": regimes_table(regimes)})

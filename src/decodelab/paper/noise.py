@@ -10,6 +10,10 @@ selection table (`decodelab.selection`):
     \Sel...Finding   each quoted best (speculative, KV cache, largest ratio to the trend), as
                      chosen on one half of the processes and estimated on the other; one whose
                      interval includes 1 reads "no configuration distinguishable from 1x"
+    \SelSpikePhaseFinding, \SelKvAtSpikeFinding
+                     claims 4 and 6: the phases' ratios and the KV-cache speedup at that chosen
+                     spike, on the other half; "not testable" without a spike distinguishable
+                     from 1x (\ifSelSpikeFound)
 
 Results from before the verdicts (results/reference/, older imports) have neither table: the
 text says the build carries no verdict and quotes no best.
@@ -105,18 +109,65 @@ def finding(row: pd.Series | None) -> str:
     return f"no configuration distinguishable from 1\\x{{}} (the best, {measured}; {naive})"
 
 
-def selection_macros(selection: pd.DataFrame) -> dict[str, str]:
+def measured_value(row: pd.Series | None) -> str:
+    """An estimate with its interval, said not distinguishable from 1x when its interval
+    includes 1; what was missing when nothing was estimated."""
+    if row is None:
+        return NOT_SELECTED
+    if not finite(row["estimate"]):
+        return f"not estimated ({tex_escape(row['reason'])})"
+    value = f"{sig(row['estimate'])}\\x{{}} {ci(row['ci_low'], row['ci_high'])}"
+    return value if row["distinguishable"] else f"{value}, not distinguishable from 1\\x{{}}"
+
+
+def spike_found(rows: dict) -> bool:
+    """Whether the largest excursion above the local trend, chosen on one half, stands above
+    its trend on the other: only then is there a spike whose phases and KV speedup to quote."""
+    spike = rows.get("spike_largest")
+    return spike is not None and bool(spike["distinguishable"]) and spike["estimate"] > 1
+
+
+def at_spike(rows: dict) -> str:
+    spike = rows["spike_largest"]
+    return (f"At the largest excursion above the local trend, {tex_escape(spike['label'])} "
+            f"(chosen on {tex_escape(spike['selected_on'])}, measured on "
+            f"{tex_escape(spike['estimated_on'])}: total latency {measured_value(spike)})")
+
+
+def spike_phases(rows: dict) -> str:
+    """Claim 4: each phase's ratio to its own trend at the chosen spike, on the other half."""
+    if not spike_found(rows):
+        return f"Not testable here, no spike to attribute: {finding(rows.get('spike_largest'))}."
+    return (f"{at_spike(rows)}, each phase over its own local trend: the decode phase "
+            f"{measured_value(rows.get('spike_decode'))}, the prefill phase "
+            f"{measured_value(rows.get('spike_prefill'))}.")
+
+
+def kv_at_spike(rows: dict) -> str:
+    """Claim 6: the KV-cache speedup at the chosen spike, on the ablation's other half."""
+    if not spike_found(rows):
+        return f"Not testable here without a spike: {finding(rows.get('spike_largest'))}."
+    kv = rows.get("kv_at_spike")
+    where = f" (on {tex_escape(kv['estimated_on'])} of the ablation)" if (
+        kv is not None and kv["estimated_on"]) else ""
+    return f"{at_spike(rows)}, the KV-cache speedup is {measured_value(kv)}{where}"
+
+
+def selection_macros(selection: pd.DataFrame) -> tuple[dict[str, str], dict[str, bool]]:
     """A finding per claim; with several hosts the local one's (the merge writes it first)."""
     first = selection.drop_duplicates("claim") if len(selection) else selection
     rows = {r["claim"]: r for _, r in first.iterrows()}
-    return {macro: finding(rows.get(claim)) for claim, macro in CLAIMS.items()}
+    return ({**{macro: finding(rows.get(claim)) for claim, macro in CLAIMS.items()},
+             "SelSpikePhaseFinding": spike_phases(rows), "SelKvAtSpikeFinding": kv_at_spike(rows)},
+            {"SelSpikeFound": spike_found(rows)})
 
 
 def parts(stats_dir: Path, settings: dict) -> Section:
     summary, jobs, selection = (read(stats_dir, name)
                                 for name in ("stability_summary", "stability", "selection"))
+    macros, flags = selection_macros(selection)
     return Section({"NoiseVerdict": verdict(summary, jobs),
                     "NoiseJudgedBy": judged_by(summary, settings),
                     "SelMinPerHalf": str(MIN_PER_HALF), "SelMinProcesses": str(2 * MIN_PER_HALF),
-                    **selection_macros(selection)},
-                   {})
+                    **macros},
+                   flags)

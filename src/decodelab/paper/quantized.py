@@ -3,6 +3,8 @@ verification is serial or batch-parallel there, and the speculative pairs with a
 
     generated/tab_quantized.tex  per quantized pair and mode: best K, speedup, greedy agreement,
                                  divergences (earliest position, smallest logit margin)
+    generated/tab_quantized_peer.tex  per pair of config quantized.peer, mode and K: llama.cpp's
+                                 own speculative speedup and acceptance beside decodelab's
 
 The stage is optional: without rows in quantized_verify_cost.csv or quantized_speculative.csv
 \QuantizedReady is false and the macros read '--'. The seed's claim of serial verification on a
@@ -33,11 +35,13 @@ def regime(extra_per_token: float) -> str:
 
 
 def verify_summary(verify: pd.DataFrame) -> str:
-    """Per backend and model: the ratio at K = 4, 8, 16 (those measured)."""
+    """Per backend and model: the ratio at K = 4, 8, 16 (those measured), an unstable one
+    marked so."""
     parts = []
     for (backend, model), g in verify.groupby(["backend", "model"], sort=True):
         at = g[g["k"].isin(REPORTED_K)].sort_values("k")
-        values = ", ".join(f"{sig(r.ratio)} at $K={int(r.k)}$" for r in at.itertuples())
+        values = ", ".join(f"{sig(r.ratio)}{'' if r.stable else ' (unstable)'} at $K={int(r.k)}$"
+                           for r in at.itertuples())
         parts.append(f"{tt(backend)} ({tt(model)}): {values or NONE}")
     return human_list(parts, empty=NONE)
 
@@ -83,21 +87,51 @@ def pairs_table(spec: pd.DataFrame, level: str) -> str:
     return tabular("@{}llllrrcrrr@{}", header, rows, "no quantized pair in this build")
 
 
-def built(verify: pd.DataFrame, spec: pd.DataFrame, settings: dict) -> Section:
+def peer_table(peer: pd.DataFrame, level: str) -> str:
+    rows = [[tt(r.pair), r.mode, str(int(r.k)), sig(r.peer_speedup), ci(r.ci_low, r.ci_high),
+             percent(r.peer_acceptance), sig(r.peer_tokens_per_s), sig(r.decodelab_speedup),
+             percent(r.decodelab_proposal_acceptance)]
+            for r in (peer.sort_values(["pair", "mode", "k"]).itertuples() if len(peer) else ())]
+    header = [r"& & & \multicolumn{4}{c}{llama.cpp's own} & \multicolumn{2}{c}{decodelab} \\",
+              f"Pair & Mode & $K$ & speedup & {level} CI & accepted & tokens/s & speedup & "
+              r"accepted \\"]
+    return tabular("@{}llrrcrrrr@{}", header, rows, "llama.cpp's own speculative did not run")
+
+
+def peer_sentence(peer: pd.DataFrame) -> str:
+    """llama.cpp's best speedup on its own and decodelab's at that pair, mode and K."""
+    if not len(peer):
+        return NONE
+    best = peer.loc[peer["peer_speedup"].idxmax()]
+    return (f"llama.cpp's own speculative decoding reaches {sig(best['peer_speedup'])} over its "
+            f"own autoregressive decoding ({tt(best['pair'])}, {best['mode']}, "
+            f"$K={int(best['k'])}$, {percent(best['peer_acceptance'])} of drafted tokens "
+            f"accepted), where decodelab's loop on the same GGUF files reaches "
+            f"{sig(best['decodelab_speedup'])}")
+
+
+def built(verify: pd.DataFrame, spec: pd.DataFrame, peer: pd.DataFrame, settings: dict
+          ) -> Section:
     metal = len(verify) and verify["device"].eq("metal").any()
     macros = {
         "QuantVerifySummary": verify_summary(verify) if len(verify) else NONE,
+        "QuantVerifyStable": (f"{int(verify['stable'].sum())} of {len(verify)}" if len(verify)
+                              else NONE),
         "QuantSerialSentence": serial_sentence(verify) if len(verify) else NONE,
         "QuantGreedySentence": greedy_sentence(spec) if len(spec) else NONE,
         "QuantBestSpeedup": (sig(spec["speedup"].max()) if len(spec) else NONE),
         "QuantMetal": ("run" if metal else "not run"),
+        "QuantPeerSentence": peer_sentence(peer),
     }
-    return Section(macros, {}, {"tab_quantized.tex": pairs_table(spec, confidence(settings))})
+    level = confidence(settings)
+    return Section(macros, {"QuantPeerRan": bool(len(peer))}, {
+        "tab_quantized.tex": pairs_table(spec, level),
+        "tab_quantized_peer.tex": peer_table(peer, level)})
 
 
 def parts(stats_dir: Path, settings: dict) -> Section:
     t = tables.read_group(stats_dir, "quantized")
-    verify, spec = t["verify_cost"], t["speculative"]
+    verify, spec, peer = t["verify_cost"], t["speculative"], t["peer"]
     ran = bool(len(verify) or len(spec))
-    section = built(verify, spec, settings)
+    section = built(verify, spec, peer, settings)
     return stage("QuantizedReady", ran, section if ran else placeholders(section))

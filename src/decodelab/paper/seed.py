@@ -15,6 +15,12 @@ SEED_CLAIMS = {
     # method (chi2 = 162.5, dof = 200, p = 0.976) and exact greedy-sequence agreement"
     "chi2": 162.5, "chi2_dof": 200, "chi2_p": 0.976, "chi2_tokens_per_method": 9200,
 }
+# Source: the BudgetDraft seed abstract (shared/seeds/000_*): "up to 6.55x, 4.46x, and 2.10x
+# end-to-end speedup vs AR at 4K, 8K, and 16K context lengths" (a 68M drafter and a 7B YaRN-Llama
+# verifier on an A100, greedy; the design memo, shared/design/sparse-kv.md).
+BUDGETDRAFT_SPEEDUPS = {"FourK": 6.55, "EightK": 4.46, "SixteenK": 2.10}
+BUDGETDRAFT_SETUP = {"Contexts": "4K, 8K and 16K", "Drafter": "68M", "Verifier": "7B",
+                     "Gpu": "A100"}
 
 
 def speculative_claims() -> dict[str, str]:
@@ -35,3 +41,9 @@ def verification_claims() -> dict[str, str]:
     return {"SeedChi": plain(s["chi2"]), "SeedChiDof": str(s["chi2_dof"]),
             "SeedChiP": plain(s["chi2_p"]),
             "SeedChiTokens": f"{s['chi2_tokens_per_method']:,}"}
+
+
+def long_claims() -> dict[str, str]:
+    """BudgetDraft's reported speedups (BUDGETDRAFT_SPEEDUPS): the text labels them as its."""
+    return {**{f"SeedBudgetDraft{k}": f"{v:.2f}" for k, v in BUDGETDRAFT_SPEEDUPS.items()},
+            **{f"SeedBudgetDraft{k}": v for k, v in BUDGETDRAFT_SETUP.items()}}

@@ -1,0 +1,89 @@
+"""End to end through Snakemake and the CLI: a tiny sweep measured under a planted CPU load is
+judged unstable, the paper's abstract says so first and names `make remeasure`, and the log
+ends with the same warning; the same sweep on a quiet machine is stable and the abstract says the
+build was quiet (the negative control).
+
+Marked `serial`: the quiet control needs the machine to itself, so `make test` runs it alone
+after the parallel pass (`pytest -m serial`); under an xdist worker it would share the CPU with
+the other worker and is skipped as such."""
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from load import planted_load
+from test_workflow import ROOT, copy_workflow, snakemake
+
+from decodelab import stability
+from decodelab.paper import noise
+
+pytestmark = pytest.mark.serial
+
+# One tiny init model, both experiments, two processes each: 4 measuring jobs of a few seconds.
+SWEEP = {"models": ["gpt2-tiny"], "budgets": [16, 32, 48, 64, 80, 96], "prompt_lengths": [8],
+         "repeats": 2, "inner_repeats": 3, "warmup": 1}
+
+
+def configure(workdir: Path, host: str) -> Path:
+    """The default config cut to the tiny sweep on the CPU (no speculative pair runs here)."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    cuda_only = {"cuda-cuda": config["speculative"]["pairs"]["cuda-cuda"]}
+    config |= {"host": host, "backends": ["cpu"], "sweep": config["sweep"] | SWEEP,
+               "speculative": config["speculative"] | {"pairs": cuda_only},
+               "verification": config["verification"] | {"pairs": ["cuda-cuda"]}}
+    path = workdir / f"{host}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def raw_files(host: str) -> list[str]:
+    return [f"results/{host}/cpu/{experiment}/gpt2-tiny/rep{r}.parquet"
+            for experiment in ("sweep", "ablation") for r in range(SWEEP["repeats"])]
+
+
+def judged(workdir: Path, host: str) -> tuple[pd.DataFrame, str, str]:
+    """The stability rule on this host's raw files: (its summary, the abstract's verdict, the
+    Snakemake log's last line)."""
+    targets = [f"results/{host}/stats/{t}.csv" for t in ("stability", "stability_summary")]
+    log = snakemake(workdir, *targets, "--cores", "1", "--configfile",
+                    str(workdir / f"{host}.yaml")).stderr
+    stats_dir = workdir / "results" / host / "stats"
+    verdict = noise.parts(stats_dir, {}).macros["NoiseVerdict"]
+    return pd.read_csv(stats_dir / "stability_summary.csv").iloc[0], verdict, log
+
+
+def measure(workdir: Path, host: str) -> None:
+    snakemake(workdir, *raw_files(host), "--cores", "1", "--configfile",
+              str(configure(workdir, host)))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("needs the machine to itself: `make test` runs it after the parallel pass "
+                    "(pytest -m serial)")
+    return copy_workflow(tmp_path_factory.mktemp("planted"))
+
+
+def test_a_quiet_machine_gives_a_stable_sweep_and_a_quiet_abstract(workdir):
+    measure(workdir, "quiet")  # first: the model is prepared on a quiet machine too
+    summary, verdict, log = judged(workdir, "quiet")
+    assert not summary["noisy"] and summary["stable_share"] >= 0.8, summary.to_dict()
+    assert verdict.startswith(f"This build was quiet: {summary['stable']} of "
+                              f"{summary['configurations']} measured configurations were stable")
+    assert "remeasure" not in verdict and "Measurements were quiet" in log.splitlines()[-1]
+
+
+def test_a_planted_load_makes_the_sweep_unstable_and_the_abstract_warn(workdir):
+    with planted_load(processes=os.cpu_count()):  # one busy loop per core: the sweep still runs
+        measure(workdir, "loaded")
+    summary, verdict, log = judged(workdir, "loaded")
+    assert summary["noisy"] and summary["stable_share"] <= 0.2, summary.to_dict()
+    assert verdict.startswith(r"\textbf{This build was noisy:}")
+    assert r"\cmd{make remeasure} re-measures only the noisy jobs" in verdict
+    jobs = stability.files_to_remeasure([workdir / "results/loaded/stats/stability.csv"])
+    assert jobs == sorted(raw_files("loaded"))  # every job measured under the load, no other
+    last = log.splitlines()[-1]
+    assert "WARNING" in last and last.endswith("re-measure them with: make remeasure")
