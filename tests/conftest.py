@@ -19,6 +19,17 @@ from decodelab import sources
 LATEX_BUILD = re.compile(r"\b(build_paper|latexmk)\(")
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for a test of thousands of tiny forwards: threads only contend here."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def compiles_latex(item: pytest.Item) -> bool:
     """Whether the test's body, or a fixture it uses, calls the LaTeX build."""
     defs = getattr(item, "_fixtureinfo", None)

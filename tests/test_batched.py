@@ -128,14 +128,6 @@ def test_the_batched_verb_writes_every_mode_and_the_cost_timings(model_dir, tmp_
     assert len(pd.read_parquet(costs)) == 2 * 2 * len(batchstudy.WIDTHS)
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def peaked_llama(seed):
     model = tiny_llama(seed=seed, vocab=8)
     model.lm_head.weight.data *= 10  # peaked enough that a wrong rule's law is far from p

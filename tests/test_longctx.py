@@ -55,15 +55,6 @@ def test_a_small_budget_is_rejected_sometimes(model):
     assert out.proposal_acceptance < 1.0
 
 
-@pytest.fixture
-def one_thread():
-    # Thousands of tiny forwards: threads only contend on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def two_token_counts(model, prompt, rule, runs, policy, s, drafter=None):
     counts = {}
     for i in range(runs):

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from test_longctx import LLAMA, PERIOD, copier, one_thread, planted_copies  # noqa: F401
+from test_longctx import LLAMA, PERIOD, copier, planted_copies  # noqa: F401
 from test_sparse_kv import tiny_llama, tokens
 from test_workflow import copy_workflow, planned_jobs, snakemake
 

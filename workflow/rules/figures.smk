@@ -159,3 +159,43 @@ rule quantized_figures:
         out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab quantized-figures --stats {params.stats} --out {params.out} 2> {log}"
+
+
+rule long_figures:
+    input:
+        expand("results/{{host}}/stats/{table}.csv", table=tables.names("long")),
+    output:
+        "results/{host}/figures/long_acceptance.pdf",
+        report(
+            "results/{host}/figures/long_acceptance.png",
+            caption="../report/long.rst",
+            category="Long contexts",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/long_speedup.pdf",
+        report(
+            "results/{host}/figures/long_speedup.png",
+            caption="../report/long.rst",
+            category="Long contexts",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/long_cost.pdf",
+        report(
+            "results/{host}/figures/long_cost.png",
+            caption="../report/long.rst",
+            category="Long contexts",
+            subcategory="{host}",
+        ),
+    log:
+        "logs/{host}/long_figures.log",
+    wildcard_constraints:
+        host=FIGURE_HOSTS,
+    conda:
+        "../../envs/decodelab.yaml"
+    container:
+        job_container
+    params:
+        stats=lambda wc, input: os.path.dirname(input[0]),
+        out=lambda wc, output: os.path.dirname(output[0]),
+    shell:
+        "decodelab long-figures --stats {params.stats} --out {params.out} 2> {log}"

@@ -1,7 +1,8 @@
 # The long-context study (decodelab.longstudy, config 'long'): one process per repeat on the
 # configured device, each the whole L x KV budget x policy x drafter x mode x K grid over
-# held-out documents with the target alone beside it; then its tables and figures. Without
-# config 'long', or on a host without its device, long_stats writes the tables empty.
+# held-out documents with the target alone beside it; then its tables (its figures are in
+# figures.smk). Without config 'long', or on a host without its device, long_stats writes the
+# tables empty.
 rule long:
     input:
         target=lambda wc: f"results/models/{LONG.target}",
@@ -50,35 +51,3 @@ rule long_stats:
         out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab long-stats --spec {params.spec} --out {params.out} --runs {input} 2> {log}"
-
-
-rule long_figures:
-    input:
-        expand("results/{{host}}/stats/{table}.csv", table=tables.names("long")),
-    output:
-        [
-            f
-            for fig in ("long_acceptance", "long_speedup", "long_cost")
-            for f in (
-                f"results/{{host}}/figures/{fig}.pdf",
-                report(
-                    f"results/{{host}}/figures/{fig}.png",
-                    caption="../report/long.rst",
-                    category="Long contexts",
-                    subcategory="{host}",
-                ),
-            )
-        ],
-    log:
-        "logs/{host}/long_figures.log",
-    wildcard_constraints:
-        host=FIGURE_HOSTS,
-    conda:
-        "../../envs/decodelab.yaml"
-    container:
-        job_container
-    params:
-        stats=lambda wc, input: os.path.dirname(input[0]),
-        out=lambda wc, output: os.path.dirname(output[0]),
-    shell:
-        "decodelab long-figures --stats {params.stats} --out {params.out} 2> {log}"
