@@ -103,8 +103,9 @@ def run(command: list[str], name: str) -> tuple[str, dict]:
     """A program's output (stdout and stderr) and the machine's state while it ran: the
     background share counts its CPU time as the job's own."""
     start, children = machine.snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          check=False)
+    # errors="replace": a token's text can be part of a UTF-8 character
+    done = subprocess.run(command, capture_output=True, text=True, errors="replace",
+                          stdin=subprocess.DEVNULL, check=False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     end = machine.snapshot()
     child_s = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
@@ -117,15 +118,33 @@ def run(command: list[str], name: str) -> tuple[str, dict]:
     return text, {"background_cpu_share": background, "steal_share": steal}
 
 
+# llama.cpp's log is written by a thread of its own, and a run sometimes exits (status 0) with
+# its last lines, the summary, unwritten: seen with 0.3.36's programs on a busy machine, the
+# same command printing them the next time. Such a run is repeated; its numbers are never guessed.
+ATTEMPTS = 6
+
+
+def run_parsed(command: list[str], name: str, patterns: dict[str, str]) -> tuple[dict, dict]:
+    """A program's numbers and its machine state, from the first of ATTEMPTS runs that printed
+    them all; the last run's missing number is the error."""
+    for attempt in range(1, ATTEMPTS):
+        text, state = run(command, name)
+        try:
+            return {**parsed(text, patterns, name), "attempts": attempt}, state
+        except DecodelabError:
+            continue
+    text, state = run(command, name)
+    return {**parsed(text, patterns, name), "attempts": ATTEMPTS}, state
+
+
 def speculative_row(target: Path, draft: Path, prompt: str, k: int, mode: str, spec: dict,
                     threads: int, device: str, seed: int) -> dict:
     """One llama-speculative run: tokens, decode seconds and rate, drafted and accepted."""
     drafting = ["-md", str(draft), "--spec-draft-n-max", str(k), "-td", str(threads),
                 "-tbd", str(threads), "-ngld", gpu_layers(device)]
-    text, state = run([str(program(SPECULATIVE)), *common_args(
+    row, state = run_parsed([str(program(SPECULATIVE)), *common_args(
         target, prompt, spec["budget"], threads, device, seed), *sampling_args(mode, spec),
-        *drafting], SPECULATIVE)
-    row = parsed(text, SPECULATIVE_OUTPUT, SPECULATIVE)
+        *drafting], SPECULATIVE, SPECULATIVE_OUTPUT)
     row["acceptance"] = row["accepted"] / row["drafted"] if row["drafted"] else float("nan")
     return {"method": "speculative", "k": k, **row, **state}
 
@@ -135,9 +154,9 @@ def autoregressive_row(target: Path, prompt: str, mode: str, spec: dict, threads
     """One llama-completion run: `budget` tokens; its decode time is everything after the
     prompt pass (as llama-speculative's), so sampling and printing count on both sides."""
     args = common_args(target, prompt, spec["budget"], threads, device, seed)
-    text, state = run([str(program(AUTOREGRESSIVE)), *args, *sampling_args(mode, spec),
-                       "-no-cnv", "--no-display-prompt"], AUTOREGRESSIVE)
-    row = parsed(text, AUTOREGRESSIVE_OUTPUT, AUTOREGRESSIVE)
+    row, state = run_parsed([str(program(AUTOREGRESSIVE)), *args, *sampling_args(mode, spec),
+                             "-no-cnv", "--no-display-prompt"], AUTOREGRESSIVE,
+                            AUTOREGRESSIVE_OUTPUT)
     seconds = (row.pop("total_ms") - row.pop("prompt_ms")) / 1e3
     return {"method": "autoregressive", "k": 0, "tokens": float(spec["budget"]),
             "seconds": seconds, **row, **state}
