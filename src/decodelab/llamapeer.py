@@ -3,7 +3,7 @@
 `llama-speculative` (llama.cpp's speculative example: one draft sequence, K tokens drafted per
 target batch, llama.cpp's own acceptance rule) and `llama-completion` (llama.cpp's own
 autoregressive decoding of the target alone) are built from the llama.cpp source that
-llama-cpp-python vendors (scripts/llama_peer_build.sh, run by `make quantized-tools`). Each run
+llama-cpp-python vendors (scripts/llama_peer_build.sh, run by `make quantized-peer`). Each run
 is one process per prompt x mode (x K); this module writes their command lines, reads what they
 print and makes rows: the speedup is llama.cpp's speculative decode rate over its own
 autoregressive rate, same prompt, target, threads, device and sampling.
@@ -30,7 +30,7 @@ from .errors import DecodelabError
 from .gguf_convert import llama_cpp_version
 
 SPECULATIVE, AUTOREGRESSIVE = "llama-speculative", "llama-completion"
-BUILD = "make quantized-tools (scripts/llama_peer_build.sh)"
+BUILD = "make quantized-peer (scripts/llama_peer_build.sh)"
 NUMBER = r"([-\d.]+|nan|-?inf)"
 SPECULATIVE_OUTPUT = {
     "prompt_tokens": r"encoded\s+(\d+) tokens in",
