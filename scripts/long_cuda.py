@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from gpu_pair import Deadline, log  # scripts/ is on the path of a script run from it
 
 from decodelab import longstats, longstudy, sources, stats, tables
 from decodelab.config import load_settings
@@ -39,24 +40,6 @@ SMOKE_LENGTHS = [256]
 SMOKE_STUDY = {"kv_budgets": [32, 64], "ks": [2], "documents": 1, "budget": 8,
                "device": SMOKE_DEVICE, "policies": ["full", "retrieval"],
                "dtype": "bfloat16" if SMOKE_DEVICE == "cuda" else "float32"}
-
-
-def log(*parts) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
-
-
-class Deadline:
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-    def allows(self, step: str, needs: float) -> bool:
-        if self.left() >= needs:
-            return True
-        log(f"SKIPPED {step}: {self.left():.0f} s left, it needs about {needs:.0f} s")
-        return False
 
 
 def model_spec(settings, name: str, smoke: bool) -> dict:
