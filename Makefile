@@ -121,8 +121,8 @@ slurm-tools:
 	$(call apt_install_missing,slurmctld slurmd slurmdbd munged mariadbd,$(SLURM_PACKAGES))
 
 test: setup quantized-tools container-image browser slurm-tools
-	$(BIN)/pytest $(PARALLEL) -m "not serial"
-	$(BIN)/pytest -m serial
+	$(BIN)/pytest $(PARALLEL) -m "not serial" --durations=40
+	$(BIN)/pytest -m serial --durations=10
 
 # Everything but the end-to-end, container, SLURM, LaTeX and slow tests.
 test-fast: $(STAMP)

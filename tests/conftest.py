@@ -11,7 +11,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 from once import build_once
-from test_workflow import copy_workflow, snakemake
+from test_workflow import copy_workflow, e2e_configfile, snakemake
 
 from decodelab import sources
 
@@ -94,11 +94,12 @@ def tiny_pair(tmp_path_factory) -> tuple[str, str]:
 
 @pytest.fixture(scope="session")
 def default_dag(tmp_path_factory) -> Path:
-    """The default DAG run once to the PDF in a copy of the workflow (minutes), for all xdist
-    workers: every e2e test reads this one run and changes nothing in it."""
+    """The default DAG at the end-to-end test's sizes (test_workflow.E2E_SIZES) run once to the
+    PDF in a copy of the workflow, for all xdist workers: every e2e test reads this one run and
+    changes nothing in it."""
     def run() -> str:
         workdir = copy_workflow(tmp_path_factory.mktemp("default-dag"))
-        snakemake(workdir, timeout=3600)  # ~13 min on a quiet 2-core machine; 30+ seen when slow
+        snakemake(workdir, "--configfile", e2e_configfile(workdir), timeout=3600)
         return str(workdir)
     return Path(build_once("default-dag", tmp_path_factory, run))
 
@@ -107,5 +108,6 @@ def default_dag(tmp_path_factory) -> Path:
 def default_report(default_dag, tmp_path_factory) -> subprocess.CompletedProcess:
     """`make report` on the default run: results/report.html and what Snakemake said."""
     def report() -> dict:
-        return vars(snakemake(default_dag, "--report", "results/report.html"))
+        return vars(snakemake(default_dag, "--report", "results/report.html", "--configfile",
+                              str(default_dag / "e2e.yaml")))
     return subprocess.CompletedProcess(**build_once("default-report", tmp_path_factory, report))

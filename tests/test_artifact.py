@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from fixtures import (
     REAL,
+    ROOT,
     build_paper,
     generate,
     host_dir,
@@ -314,6 +315,27 @@ def write_tsv(path: Path, seconds: float, rss: float | str) -> str:
 ])
 def test_rule_of_a_benchmark_path(path, rule):
     assert benchmarks.rule_of(path) == rule
+
+
+FILL = {"experiment": "sweep"}  # the one wildcard whose value names the rule
+
+
+def declared_benchmarks() -> list[tuple[str, str]]:
+    """(rule, benchmark path with its wildcards filled) for every `benchmark:` of the workflow."""
+    pattern = re.compile(r'^rule (\w+):\n(?:(?!^rule ).*\n)*?    benchmark:\n\s+"([^"]+)"', re.M)
+    found = []
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        for rule, path in pattern.findall(smk.read_text()):
+            filled = re.sub(r"\{(\w+)\}", lambda m: FILL.get(m[1], "x" + m[1]), path)
+            found.append((rule, filled))
+    return found
+
+
+def test_every_declared_benchmark_has_its_rule():
+    declared = declared_benchmarks()
+    assert len(declared) >= 9, declared  # the reader still finds the workflow's benchmarks
+    assert [(rule, benchmarks.rule_of(path)) for rule, path in declared] == [
+        (rule, rule) for rule, _ in declared]
 
 
 def test_rule_of_an_unknown_path():

@@ -47,11 +47,42 @@ def workdir(tmp_path):
     return copy_workflow(tmp_path)
 
 
-def write_config(workdir: Path, **changes) -> Path:
-    config = yaml.safe_load((ROOT / "config.yaml").read_text()) | changes
+def write_config(workdir: Path, base: dict | None = None, **changes) -> Path:
+    config = (base or yaml.safe_load((ROOT / "config.yaml").read_text())) | changes
     path = workdir / "changed.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+# The default DAG as the end-to-end test runs it: config.yaml, every rule and key, at a fraction of
+# its sizes (fewer budgets, repeats, training steps and draws). `make reproduce` runs it whole,
+# about 40 minutes on this 2-core VM, too long for CI beside the rest of the tests.
+E2E_SIZES = {
+    "models": {"target": {"steps": 300}, "draft": {"steps": 200}, "long-target": {"steps": 40}},
+    "sweep": {"budgets": [8, 16, 32, 48, 64, 96], "repeats": 2},
+    "speculative": {"ks": [1, 2, 4], "prompts": 2, "repeats": 2,
+                    "parallelism": {"ks": [1, 4, 16], "inner": 2}},
+    "long": {"kv_budgets": [32], "documents": 2},
+    "verification": {"seeds": 3, "exact": {"random_pairs": 50, "real_positions": 60},
+                     "monte_carlo": {"draws": 2000, "block_draws": 1000},
+                     "real": {"tokens": 2000, "prompts": 4, "power_tokens": 400,
+                              "greedy_prompts": 8}},
+}
+
+
+def merged(base: dict, changes: dict) -> dict:
+    return {**base, **{key: merged(base[key], value) if isinstance(value, dict) else value
+                       for key, value in changes.items()}}
+
+
+def e2e_config() -> dict:
+    return merged(yaml.safe_load((ROOT / "config.yaml").read_text()), E2E_SIZES)
+
+
+def e2e_configfile(workdir: Path) -> str:
+    path = workdir / "e2e.yaml"
+    path.write_text(yaml.safe_dump(e2e_config()))
+    return str(path)
 
 
 def swept_backends(profile: Path) -> list[str]:
@@ -134,11 +165,14 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, d
                         "verification_tokens", "verification_pvalues", "regime_depth",
                         "changepoints"}
 
-    again = snakemake(workdir, "-n")
+    e2e = e2e_configfile(workdir)
+    again = snakemake(workdir, "-n", "--configfile", e2e)
     assert "Nothing to be done" in again.stdout + again.stderr
 
-    stats = yaml.safe_load((ROOT / "config.yaml").read_text())["stats"] | {"confidence": 0.9}
-    changed = snakemake(workdir, "-n", "--configfile", str(write_config(workdir, stats=stats)))
+    base = e2e_config()
+    stats = base["stats"] | {"confidence": 0.9}
+    changed = snakemake(workdir, "-n", "--configfile",
+                        str(write_config(workdir, base, stats=stats)))
     rerun = set(planned_jobs(changed.stdout))
     assert {"statistics", "speculative_stats", "paper"} <= rerun
     assert rerun <= {"statistics", "speculative_stats", "selection", "figures",
@@ -151,9 +185,10 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, d
     bench = (workdir / "results/combined/stats/benchmarks.csv").read_text()
     assert re.search(r"^prepare_model,6,6,", bench, re.M)  # every measuring rule benchmarked
 
-    regimes = yaml.safe_load((ROOT / "config.yaml").read_text())["regimes"]
+    regimes = base["regimes"]
     regimes["changepoints"] = {**regimes["changepoints"], "penalty": 8.0}
-    changed = snakemake(workdir, "-n", "--configfile", str(write_config(workdir, regimes=regimes)))
+    changed = snakemake(workdir, "-n", "--configfile",
+                        str(write_config(workdir, base, regimes=regimes)))
     rerun = set(planned_jobs(changed.stdout))
     assert "regime_depth" in rerun and "regimes" not in rerun  # the spike rule stays
     assert rerun <= {"regime_depth", "merge_hosts", "figures", "speculative_figures",

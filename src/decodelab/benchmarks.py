@@ -3,7 +3,8 @@
 A benchmark file is a TSV with a header (`s`, `h:m:s`, `max_rss` in MB, ...) and one row per
 benchmark repeat. Its rule is known from its path: `benchmarks/<host>/<backend>/<experiment>/...`
 for `sweep`, `benchmarks/<host>/<backend>/parallelism/...`, `benchmarks/<host>/speculative/...`,
-`benchmarks/<host>/verification/<level>.tsv`, `benchmarks/prepare_model/<model>.tsv`.
+`benchmarks/<host>/verification/<level>.tsv`, `benchmarks/<host>/long/...`, the quantized
+backend's `benchmarks/<host>/llama.cpp-.../...`, `benchmarks/prepare_model/<model>.tsv`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def rule_of(path: str) -> str:
     parts = Path(path).parts
     if "prepare_model" in parts:
         return "prepare_model"
+    if any(part == "llama.cpp-peer" for part in parts):
+        return "llama_peer"
+    if any(part.startswith("llama.cpp-") for part in parts) and "parallelism" in parts:
+        return "verify_cost"
     if "speculative" in parts:
         return "speculative"
     if "parallelism" in parts:
@@ -32,6 +37,8 @@ def rule_of(path: str) -> str:
     if "verification" in parts:
         stem = Path(path).stem
         return VERIFY_RULES.get(stem, "verify_real" if stem.startswith("real_") else stem)
+    if "long" in parts:
+        return "long"
     if "sweep" in parts or "ablation" in parts:
         return "sweep"
     raise DecodelabError(f"benchmark file {path}: no known rule writes to this path")
