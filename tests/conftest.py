@@ -1,3 +1,4 @@
+import copy
 import inspect
 import os
 import re
@@ -10,8 +11,10 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
+import torch
+from dag import copy_workflow, e2e_configfile, snakemake
+from llama import COPY_VOCAB, PERIOD, planted_copies, tiny_llama
 from once import build_once
-from test_workflow import copy_workflow, e2e_configfile, snakemake
 
 from decodelab import sources
 
@@ -22,12 +25,15 @@ LATEX_BUILD = re.compile(r"\b(build_paper|latexmk)\(")
 @pytest.fixture
 def one_thread():
     """One torch thread for a test of thousands of tiny forwards: threads only contend here."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    return copy_workflow(tmp_path)
 
 
 def compiles_latex(item: pytest.Item) -> bool:
@@ -92,9 +98,35 @@ def tiny_pair(tmp_path_factory) -> tuple[str, str]:
     return tuple(build_once("tiny-pair", tmp_path_factory, train))
 
 
+@pytest.fixture(scope="module")
+def oracle_model(model):
+    """The test module's `model` on the oracle attention: ORACLE says what it attends to."""
+    oracle = copy.deepcopy(model)
+    oracle.set_attn_implementation("sparse_oracle")
+    return oracle
+
+
+@pytest.fixture(scope="module")
+def copier():
+    """A 2-layer Llama trained in seconds to copy from PERIOD tokens back."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = tiny_llama(seed=0, vocab=COPY_VOCAB).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(120):
+        x = planted_copies(8, PERIOD, seed=step)
+        logits = model(input_ids=x[:, :-1], use_cache=False).logits[:, PERIOD:]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, PERIOD + 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.set_num_threads(threads)
+    return model.eval(), loss.item()
+
+
 @pytest.fixture(scope="session")
 def default_dag(tmp_path_factory) -> Path:
-    """The default DAG at the end-to-end test's sizes (test_workflow.E2E_SIZES) run once to the
+    """The default DAG at the end-to-end test's sizes (dag.E2E_SIZES) run once to the
     PDF in a copy of the workflow, for all xdist workers: every e2e test reads this one run and
     changes nothing in it."""
     def run() -> str:

@@ -389,6 +389,10 @@ def host_dir(root: Path, backends=("cpu",), pairs=("cpu-cpu",), scale: float = 1
             df["backend"] = backends[0]
         df.to_csv(path, index=False)
     write_verification_stats(stats, pairs=pairs)
+    selection = pd.read_csv(stats / "selection.csv")
+    best = selection["claim"] == "speculative_best"
+    selection.loc[best, "label"] = f"{pairs[0]}, sampled, K = 4"  # the host's own pair
+    selection.to_csv(stats / "selection.csv", index=False)
     if scale != 1.0:
         latency = pd.read_csv(stats / "latency.csv")
         for col in ("median", "ci_low", "ci_high"):

@@ -12,6 +12,7 @@ import pytest
 from fixtures import (
     REAL,
     ROOT,
+    SELECTED,
     build_paper,
     generate,
     host_dir,
@@ -262,10 +263,15 @@ def test_a_cuda_references_speculative_and_verification_results_reach_the_macros
     assert (macros["RefCudaHfMin"], macros["RefCudaHfMax"]) == ("1.30", "1.50")
     best = cuda[cuda["quantity"] == "spec_speedup"]["reference_value"].max()
     assert macros["RefCudaSpecBest"] == tex.sig(best)
+    label, estimate, (low, high), _ = SELECTED["speculative_best"]
+    assert [macros[f"RefCudaSpecSel{part}"] for part in ("", "Low", "High", "On")] == [
+        tex.sig(estimate), tex.sig(low), tex.sig(high), tex.tt("cuda-cuda, sampled, K = 4")]
     _, flags = artifact.reference_macros(table)
     assert flags["RefAnyCudaSpec"] and flags["RefAnyCudaVerification"]
-    _, flags = artifact.reference_macros(cpu)
+    assert flags["RefCudaSpecSelected"]
+    macros, flags = artifact.reference_macros(cpu)
     assert not flags["RefAnyCudaSpec"] and not flags["RefAnyCudaVerification"]
+    assert not flags["RefCudaSpecSelected"] and macros["RefCudaSpecSel"] == artifact.NONE
 
 
 def test_comparison_without_references_is_empty(tmp_path):

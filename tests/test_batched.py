@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_scheduler import CONTEXT, COST
-from test_sparse_kv import tiny_llama, tokens
+from costs import CONTEXT, COST
+from llama import tiny_llama, tokens
 
 from decodelab import batched, batchstudy, cli, models, sources
 from decodelab import equivalence as eq

@@ -4,8 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_longctx import LLAMA
-from test_sparse_kv import ORACLE, draft_logits, tiny_llama  # registers the oracle attention
+from llama import LLAMA, ORACLE, draft_logits, tiny_llama
 
 from decodelab import budgetdraft, models, sources, train
 from decodelab.config import DraftObjective, draft_objective
@@ -35,13 +34,6 @@ def sequences(n, length, seed=0, vocab=64):
 @pytest.fixture(scope="module")
 def model():
     return tiny_llama(seed=2)
-
-
-@pytest.fixture(scope="module")
-def oracle_model(model):
-    oracle = copy.deepcopy(model)
-    oracle.set_attn_implementation("sparse_oracle")
-    return oracle
 
 
 @pytest.mark.parametrize("name", POLICIES)

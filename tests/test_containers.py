@@ -14,15 +14,10 @@ import prewarmed
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from test_workflow import PROFILES, ROOT, copy_workflow, planned_jobs, snakemake
+from dag import PROFILES, ROOT, copy_workflow, planned_jobs, snakemake
 
 IMAGES = {"cpu": "images/decodelab-cpu.sif", "cuda": "images/decodelab-cuda.sif"}
 EVERY_BACKEND = "assume_available=[cpu,cuda,mps]"
-
-
-@pytest.fixture
-def workdir(tmp_path):
-    return copy_workflow(tmp_path)
 
 
 def job_plan(workdir: Path, *config: str, configfile: Path | None = None,

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_workflow import PROFILES, ROOT, copy_workflow, snakemake
+from dag import PROFILES, ROOT, copy_workflow, snakemake
 
 SNAKEFMT = str(Path(sys.executable).with_name("snakefmt"))
 SNAKEFILES = ["Snakefile", *sorted(f"workflow/rules/{p.name}"

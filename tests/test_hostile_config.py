@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_workflow import ROOT, SNAKEMAKE, copy_workflow, other_host, snakemake
+from dag import ROOT, SNAKEMAKE, copy_workflow, other_host, snakemake
 
 from decodelab import cli
 from decodelab.hosts import MANIFEST

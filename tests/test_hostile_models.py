@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_TRAIN
-from test_models import COMMIT, build_hub_cache, prepare_hf_offline
+from hf_offline import COMMIT, build_hub_cache, prepare_hf_offline
 from transformers import AutoModelForCausalLM
 
 import decodelab

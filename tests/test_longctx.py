@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from test_sparse_kv import tiny_llama, tokens
+from llama import LLAMA, PERIOD, planted_copies, tiny_llama, tokens
 from transformers import DynamicCache
 
 from decodelab import config as cfg
@@ -158,35 +158,6 @@ def test_an_empty_prompt_is_a_clear_error(model):
         generate(model, [], 4, 2, Policy("full"))
 
 
-
-def planted_copies(n, period, seed):
-    """n sequences of `period` random tokens written twice: the second half is predictable
-    only from the token `period` - 1 positions back, outside any recent window."""
-    first = torch.randint(1, COPY_VOCAB, (n, period), generator=torch.Generator().manual_seed(seed))
-    return torch.cat([first, first], 1)
-
-
-COPY_VOCAB, PERIOD = 32, 48
-
-
-@pytest.fixture(scope="module")
-def copier():
-    """A 2-layer Llama trained in seconds to copy from PERIOD tokens back."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model = tiny_llama(seed=0, vocab=COPY_VOCAB).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for step in range(120):
-        x = planted_copies(8, PERIOD, seed=step)
-        logits = model(input_ids=x[:, :-1], use_cache=False).logits[:, PERIOD:]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, PERIOD + 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    torch.set_num_threads(threads)
-    return model.eval(), loss.item()
-
-
 def test_retrieval_beats_random_chunks_on_planted_copies(copier, one_thread):
     model, loss = copier
     assert loss < 0.1  # it copies
@@ -200,11 +171,6 @@ def test_retrieval_beats_random_chunks_on_planted_copies(copier, one_thread):
 
 
 # the long-context model source
-
-
-LLAMA = {"source": "train", "arch": "llama", "n_layer": 1, "n_embd": 32, "n_head": 2,
-         "n_positions": 64, "vocab_size": 320, "corpus_mb": 0.4, "seq_len": 32,
-         "batch_size": 4, "steps": 20, "lr": 0.01, "seed": 1}
 
 
 def test_a_train_llama_is_a_rotary_model_on_the_hashed_corpus(tmp_path):

@@ -10,9 +10,8 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from test_longctx import LLAMA, PERIOD, copier, planted_copies  # noqa: F401
-from test_sparse_kv import tiny_llama, tokens
-from test_workflow import copy_workflow, planned_jobs, snakemake
+from dag import copy_workflow, planned_jobs, snakemake
+from llama import LLAMA, PERIOD, planted_copies, tiny_llama, tokens
 
 from decodelab import cli, longstats, longstudy, sources, speculative, train
 from decodelab.config import (
@@ -156,7 +155,7 @@ def test_no_runs_give_empty_tables_with_their_columns():
 # the negative control on a trained model
 
 
-def test_random_chunks_accept_less_than_retrieval_on_planted_copies(copier, one_thread):  # noqa: F811
+def test_random_chunks_accept_less_than_retrieval_on_planted_copies(copier, one_thread):
     model, _ = copier
     prompts = [seq[:PERIOD + 10].tolist() for seq in planted_copies(6, PERIOD, seed=2000)]
     spec = {**SPEC, "budget": 24}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dag import HOST, copy_workflow, planned_jobs, snakemake
 from load import planted_load
 from snakemake.utils import validate
-from test_workflow import HOST, copy_workflow, planned_jobs, snakemake
 
 from decodelab import cli, machine, sweep
 from decodelab.config import Machine, Settings, SweepJob

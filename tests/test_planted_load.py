@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from dag import ROOT, copy_workflow, snakemake
 from load import planted_load
-from test_workflow import ROOT, copy_workflow, snakemake
 
 from decodelab import stability
 from decodelab.paper import noise

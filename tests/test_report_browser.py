@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from test_workflow import ROOT
+from dag import ROOT
 
 from decodelab import tables
 

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from costs import CONTEXT, COST
 
 from decodelab import batchsim as bs
 from decodelab.errors import DecodelabError
@@ -14,9 +15,7 @@ from decodelab.scheduler import (
     tokens_per_second,
 )
 
-# A long-context, KV-bound batch: a sparse draft reads no context, a verification every row's.
-COST = CostModel(draft=(0.005, 5e-5, 0.0), verify=(0.005, 2e-5, 2.5e-7))
-CONTEXT, HORIZON, K_MAX = 4096, 4.0, 10
+HORIZON, K_MAX = 4.0, 10
 SEEDS = (0, 1, 2)
 # Uniform acceptance: adaptive / best fixed K lay in 0.98-1.003 over 8 seeds and two alphas. The
 # adaptive rows learn K from a flat prior and their K* wanders between neighbours, while the

@@ -275,3 +275,8 @@ def test_a_planted_decode_spike_is_found_attributed_to_decode_and_its_kv_speedup
     assert "the KV-cache speedup is" in macros["SelKvAtSpikeFinding"]
     estimates = np.array([rows["spike_decode"]["estimate"] for rows, _ in claims])
     assert abs(np.median(np.log(estimates / SPIKE[2]))) < 0.1  # not inflated by the choice
+
+
+def test_a_speculative_label_reads_back_as_its_key():
+    key = ("gpt2-xl.cpu-cuda", "sampled", 6)
+    assert selection.spec_key(selection.spec_label(key)) == key

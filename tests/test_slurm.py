@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from dag import ROOT, SNAKEMAKE, copy_workflow
 from slurm_cluster import slurm_cluster  # noqa: F401 (the session fixture)
-from test_workflow import ROOT, SNAKEMAKE, copy_workflow
 
 pytestmark = pytest.mark.slurm
 

@@ -2,28 +2,12 @@ import copy
 
 import pytest
 import torch
-from transformers import AttentionInterface, DynamicCache, LlamaConfig, LlamaForCausalLM
-from transformers.integrations.sdpa_attention import repeat_kv
+from llama import ORACLE, draft_logits, tiny_llama, tokens
+from transformers import DynamicCache
 
 from decodelab.errors import DecodelabError
-from decodelab.longctx import TruePositions
 from decodelab.sparse_kv import POLICIES, Policy, QueryProbe, sparse_view
 from decodelab.speculative import feed
-
-VOCAB = 64
-ORACLE = {}  # the selection the oracle attention masks to, and the context length it covers
-
-
-def tiny_llama(seed=0, vocab=VOCAB):
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
-
-
-def tokens(n, seed=0, vocab=VOCAB):
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def full_cache(model, ids):
@@ -32,25 +16,6 @@ def full_cache(model, ids):
     with QueryProbe(model) as probe:
         feed(model, cache, torch.tensor(ids))
     return cache, probe.at(-1)
-
-
-def oracle_attention(module, query, key, value, attention_mask, scaling, **kwargs):
-    """Eager attention over the full cache, blocking the prefix positions outside the selection
-    of this layer and KV head (and the future)."""
-    ORACLE.setdefault("queries", {})[module.layer_idx] = query[0, :, -1]
-    selection, n = ORACLE["selection"][module.layer_idx], ORACLE["n"]
-    total, q_len = key.shape[2], query.shape[2]
-    allowed = torch.zeros(selection.shape[0], q_len, total, dtype=torch.bool)
-    allowed[:, :, n:] = torch.ones(q_len, total - n, dtype=torch.bool).tril(total - q_len - n)
-    allowed[torch.arange(selection.shape[0])[:, None], :, selection] = True
-    allowed = allowed.repeat_interleave(module.num_key_value_groups, dim=0)[None]
-    groups = module.num_key_value_groups
-    scores = query @ repeat_kv(key, groups).transpose(2, 3) * scaling
-    weights = scores.masked_fill(~allowed, -torch.inf).softmax(-1)
-    return (weights @ repeat_kv(value, groups)).transpose(1, 2).contiguous(), weights
-
-
-AttentionInterface.register("sparse_oracle", oracle_attention)
 
 
 @pytest.fixture(autouse=True)
@@ -62,20 +27,6 @@ def no_grad():
 @pytest.fixture(scope="module")
 def model():
     return tiny_llama()
-
-
-@pytest.fixture(scope="module")
-def oracle_model(model):
-    oracle = copy.deepcopy(model)
-    oracle.set_attn_implementation("sparse_oracle")
-    return oracle
-
-
-def draft_logits(model, cache, selection, ids):
-    """Logits of feeding `ids` one at a time on the selection's view, at true positions."""
-    drafter = TruePositions(model, cache.get_seq_length())
-    view = sparse_view(cache, selection)
-    return torch.stack([feed(drafter, view, torch.tensor([t]))[-1] for t in ids])
 
 
 @pytest.mark.parametrize("name", POLICIES)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_workflow import ROOT, copy_workflow, snakemake, write_config
+from dag import ROOT, copy_workflow, snakemake, write_config
 
 from decodelab import hosts, tables
 from decodelab.errors import DecodelabError

@@ -1,88 +1,27 @@
 """The DAG: config validation, dry runs of every profile, and the default run end to end."""
 
-import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import prewarmed
 import pytest
 import yaml
-from fixtures import host_dir
+from dag import (
+    HOST,
+    PROFILES,
+    ROOT,
+    copy_workflow,
+    e2e_config,
+    e2e_configfile,
+    other_host,
+    planned_jobs,
+    snakemake,
+    write_config,
+)
 
 from decodelab.probe import backend_available
-
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-PROFILES = [ROOT / "config.yaml", *sorted((ROOT / "config").glob("*.yaml"))]
-WORKFLOW_FILES = ["Snakefile", "config.yaml", "config", "workflow", "paper", "profiles", "envs"]
-
-
-def copy_workflow(dest: Path) -> Path:
-    for name in WORKFLOW_FILES:
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest / name)
-    return dest
-
-
-def snakemake(workdir: Path, *args: str, check: bool = True, timeout: int = 1800
-              ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = prewarmed.run([SNAKEMAKE, *args], workdir, env, timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def planned_jobs(dry_run_output: str) -> dict[str, int]:
-    """Rule -> count from the 'Job stats' table of a dry run."""
-    table = dry_run_output.split("Job stats:", 1)[1].split("total", 1)[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
-
-
-@pytest.fixture
-def workdir(tmp_path):
-    return copy_workflow(tmp_path)
-
-
-def write_config(workdir: Path, base: dict | None = None, **changes) -> Path:
-    config = (base or yaml.safe_load((ROOT / "config.yaml").read_text())) | changes
-    path = workdir / "changed.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-# The default DAG as the end-to-end test runs it: config.yaml, every rule and key, at a fraction of
-# its sizes (fewer budgets, repeats, training steps and draws). `make reproduce` runs it whole,
-# about 40 minutes on this 2-core VM, too long for CI beside the rest of the tests.
-E2E_SIZES = {
-    "models": {"target": {"steps": 300}, "draft": {"steps": 200}, "long-target": {"steps": 40}},
-    "sweep": {"budgets": [8, 16, 32, 48, 64, 96], "repeats": 2},
-    "speculative": {"ks": [1, 2, 4], "prompts": 2, "repeats": 2,
-                    "parallelism": {"ks": [1, 4, 16], "inner": 2}},
-    "long": {"kv_budgets": [32], "documents": 2},
-    "verification": {"seeds": 3, "exact": {"random_pairs": 50, "real_positions": 60},
-                     "monte_carlo": {"draws": 2000, "block_draws": 1000},
-                     "real": {"tokens": 2000, "prompts": 4, "power_tokens": 400,
-                              "greedy_prompts": 8}},
-}
-
-
-def merged(base: dict, changes: dict) -> dict:
-    return {**base, **{key: merged(base[key], value) if isinstance(value, dict) else value
-                       for key, value in changes.items()}}
-
-
-def e2e_config() -> dict:
-    return merged(yaml.safe_load((ROOT / "config.yaml").read_text()), E2E_SIZES)
-
-
-def e2e_configfile(workdir: Path) -> str:
-    path = workdir / "e2e.yaml"
-    path.write_text(yaml.safe_dump(e2e_config()))
-    return str(path)
 
 
 def swept_backends(profile: Path) -> list[str]:
@@ -163,7 +102,7 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, d
     included = set(re.findall(r"<figures/(\w+)\.pdf", log))
     assert included == {"latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory",
                         "verification_tokens", "verification_pvalues", "regime_depth",
-                        "changepoints"}
+                        "changepoints", "long_acceptance", "long_speedup", "long_cost"}
 
     e2e = e2e_configfile(workdir)
     again = snakemake(workdir, "-n", "--configfile", e2e)
@@ -192,8 +131,8 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, d
     rerun = set(planned_jobs(changed.stdout))
     assert "regime_depth" in rerun and "regimes" not in rerun  # the spike rule stays
     assert rerun <= {"regime_depth", "merge_hosts", "figures", "speculative_figures",
-                     "verification_figures", "quantized_figures", "settings", "paper",
-                     "all"}  # nothing measured
+                     "verification_figures", "quantized_figures", "long_figures", "settings",
+                     "paper", "all"}  # nothing measured
 
 
 def test_changepoint_segments_too_short_for_a_line_are_refused(workdir):
@@ -216,7 +155,6 @@ def test_conda_env_pins_equal_requirements_lock(env_file):
 # -----------------------------------------------------------------------------
 # a finished tree (every output present and up to date, files empty): what runs next
 
-HOST = "testhost"
 DOWNSTREAM = {"merge_hosts", "figures", "speculative_figures", "verification_figures",
               "quantized_figures", "long_figures", "paper", "all"}
 MEASURING = {"prepare_model", "sweep", "speculative", "parallelism", "verify_cost", "gguf", "long",
@@ -261,10 +199,6 @@ def decodelab(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(proc.stderr)
     return proc
-
-
-def other_host(root: Path) -> Path:
-    return host_dir(root, backends=("mps",), pairs=("mps-mps",))
 
 
 def test_importing_a_host_plans_only_downstream_rules(finished, tmp_path):

@@ -11,6 +11,9 @@ Each side is reduced to key numbers, one row per quantity and configuration:
     step_ups        cache-on sweep runs that step up part-way through (`onsets`) per backend,
                     model, dtype
     spec_speedup    best speculative speedup over K per pair and mode (each side at its own K)
+    spec_selected   the best pair, mode and K chosen on half of the prompts and its speedup
+                    estimated on the other half (`selection`), with spec_selected_low/_high,
+                    its interval
     acceptance      acceptance per pair, mode and K
     parallelism     the target's forward time on K+1 tokens over one token per backend,
                     model, context and K
@@ -35,6 +38,7 @@ import pandas as pd
 
 from . import tables
 from .io import as_bool
+from .selection import spec_key
 
 SWEEP_KEYS = ["backend", "model", "dtype", "prompt_len", "budget"]
 KEYS = ["quantity", "backend", "model", "dtype", "prompt_len", "budget", "pair", "models", "mode",
@@ -49,7 +53,12 @@ QUANTITIES = {"decode_s": "median decode latency (s)", "kv_speedup": "KV-cache s
               "hf_ratio": "speed against HF assisted generation",
               "chi2": "two-sample chi-square (correct rule)", "chi2_p": "chi-square p-value",
               "log_ratio_p": "log-ratio t-test p-value",
-              "step_ups": "cache-on runs stepping up mid-decode"}
+              "step_ups": "cache-on runs stepping up mid-decode",
+              "spec_selected": "best speculative speedup, chosen on half of the runs",
+              "spec_selected_low": "its interval, lower end",
+              "spec_selected_high": "its interval, upper end"}
+SELECTED = {"estimate": "spec_selected", "ci_low": "spec_selected_low",
+            "ci_high": "spec_selected_high"}
 NO_RATIO = {"chi2_p", "log_ratio_p"}
 LEVEL3_CHECKS = {"chi2_p": "chi-square", "log_ratio_p": "log-ratio"}
 
@@ -117,6 +126,7 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
         best = speedup.loc[speedup.groupby(["pair", "mode"])["speedup"].idxmax()]
         parts.append(frame(best[["pair", "mode", "speedup"]].assign(models=pair_models),
                            "spec_speedup", "speedup"))
+    parts += selected_spec(stats_dir)
     acceptance = read(stats_dir, "speculative_acceptance")
     if len(acceptance):
         # accepted / proposed; tables from before #18 name it `acceptance`
@@ -147,6 +157,21 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=[*KEYS, "value"])
     return pd.concat(parts, ignore_index=True)
+
+
+def selected_spec(stats_dir: Path) -> list[pd.DataFrame]:
+    """The speculative best of `selection` (chosen on one half, estimated on the other) as the
+    quantities of SELECTED, keyed by its pair, mode and K; none where it was not estimated."""
+    selection = read(stats_dir, "selection")
+    if not len(selection):
+        return []
+    best = selection[(selection["claim"] == "speculative_best") & selection["estimate"].notna()]
+    if not len(best):
+        return []
+    pair, mode, k = spec_key(best["label"].iloc[0])
+    row = best.iloc[[0]].assign(pair=pair, mode=mode, k=k, models=trained_models(stats_dir))
+    return [frame(row[["pair", "mode", "k", "models", column]], quantity, column)
+            for column, quantity in SELECTED.items()]
 
 
 def devices(stats_dir: Path) -> dict[str, str]:

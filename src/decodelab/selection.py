@@ -265,9 +265,18 @@ def speculative_best(proc: pd.DataFrame, ci: Confidence) -> dict | None:
     `stats.spec_per_process` gives them)."""
     if not len(proc):
         return None
-    return choose("speculative_best", best_spec,
-                  lambda key: f"{key[0]}, {key[1]}, K = {int(key[2])}", spec_samples,
-                  median_ratio, proc, ci, (SPEC_KEYS, "total_s", "prompt"))
+    return choose("speculative_best", best_spec, spec_label, spec_samples, median_ratio, proc,
+                  ci, (SPEC_KEYS, "total_s", "prompt"))
+
+
+def spec_label(key: tuple) -> str:
+    return f"{key[0]}, {key[1]}, K = {int(key[2])}"
+
+
+def spec_key(label: str) -> tuple[str, str, int]:
+    """(pair, mode, k) of a `speculative_best` row's label, as `spec_label` wrote it."""
+    pair, mode, k = label.split(", ")
+    return pair, mode, int(k.removeprefix("K = "))
 
 
 # -----------------------------------------------------------------------------

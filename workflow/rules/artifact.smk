@@ -13,6 +13,7 @@ rule reference_comparison:
                 "speculative_speedup",
                 "speculative_acceptance",
                 "verification_levels",
+                "selection",
             ],
         ),
         references=reference_tables,

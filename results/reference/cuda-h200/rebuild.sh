@@ -15,6 +15,8 @@ decodelab regime-depth --runs "$R/runs.parquet" --regimes "$R/stats/regimes.csv"
 decodelab spec-stats --spec "$(spec stats)" --out "$R/stats" --runs "$R"/raw/speculative/*/rep*.parquet \
   --parallelism "$R"/raw/cuda/parallelism/target/rep*.parquet
 decodelab verify-stats --out "$R/stats" "$R"/raw/verification/*.json
+decodelab selection --runs "$R/runs.parquet" --speculative "$R"/raw/speculative/*/rep*.parquet \
+  --spec "$(spec stats)" --regimes "$(spec regimes)" --out "$R/stats/selection.csv"
 decodelab model-table --out "$R/stats/models.csv" "$R"/models/*
 decodelab benchmarks --out "$R/stats/benchmarks.csv" $(find "$R/benchmarks" -name '*.tsv' | sort)
 decodelab figures --stats "$R/stats" --out "$R/figures"

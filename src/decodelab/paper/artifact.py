@@ -145,6 +145,7 @@ def reference_macros(comparison: pd.DataFrame) -> tuple[dict[str, str], dict[str
              "RefAnyNotComparable": bool(none_matched),
              "RefAnyCuda": bool((cuda["backend"] == "cuda").any()),
              "RefAnyCudaSpec": bool((cuda["quantity"] == "spec_speedup").any()),
+             "RefCudaSpecSelected": bool((cuda["quantity"] == "spec_selected").any()),
              "RefAnyCudaVerification": bool(cuda["quantity"].isin(rf.NO_RATIO).any())})
 
 
@@ -178,6 +179,7 @@ def cuda_reference_macros(comparison: pd.DataFrame) -> dict[str, str]:
         "RefCudaMaxRatio": sig(ratios.max()) if len(ratios) else NONE,
         "RefCudaSpecBest": sig(best["reference_value"]) if best is not None else NONE,
         "RefCudaSpecBestOn": tt(f"{best['pair']}, {best['mode']}") if best is not None else NONE,
+        **selected_spec_macros(rows),
         "RefCudaParallelK": str(PARALLEL_K),
         "RefCudaParallel": sig(at_k.median()) if len(at_k) else NONE,
         "RefCudaHfMin": sig(hf["reference_value"].min()) if len(hf) else NONE,
@@ -190,6 +192,26 @@ def cuda_reference_macros(comparison: pd.DataFrame) -> dict[str, str]:
             macros[f"RefCuda{name}P{camel(sampler)}"] = pval(p.median()) if len(p) \
                 else NONE
     return macros
+
+
+def selected_spec_macros(rows: pd.DataFrame) -> dict[str, str]:
+    """The first CUDA reference's speculative best chosen on one half of its runs and
+    estimated on the other (`reference.SELECTED`), with its interval."""
+    chosen = rows[rows["quantity"] == "spec_selected"].head(1)
+    if not len(chosen):
+        return dict.fromkeys(("RefCudaSpecSel", "RefCudaSpecSelLow", "RefCudaSpecSelHigh",
+                              "RefCudaSpecSelOn"), NONE)
+    row = chosen.iloc[0]
+    same = rows[(rows["reference"] == row["reference"]) & (rows["pair"] == row["pair"])
+                & (rows["mode"] == row["mode"]) & (rows["k"] == row["k"])]
+
+    def value(quantity: str) -> str:
+        return sig(same[same["quantity"] == quantity]["reference_value"].iloc[0])
+
+    return {"RefCudaSpecSel": value("spec_selected"),
+            "RefCudaSpecSelLow": value("spec_selected_low"),
+            "RefCudaSpecSelHigh": value("spec_selected_high"),
+            "RefCudaSpecSelOn": tt(f"{row['pair']}, {row['mode']}, K = {int(row['k'])}")}
 
 
 # -----------------------------------------------------------------------------
