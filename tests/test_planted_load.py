@@ -92,7 +92,7 @@ def test_a_planted_load_makes_the_sweep_unstable_and_the_abstract_warn(workdir):
     with planted_load(processes=os.cpu_count()):  # one busy loop per core: the sweep still runs
         measure(workdir, "loaded")
     summary, verdict, log = judged(workdir, "loaded")
-    assert summary["noisy"] and summary["stable_share"] <= 0.2, summary.to_dict()
+    assert summary["noisy"] and summary["stable_share"] <= 0.5, summary.to_dict()  # 0-10% seen
     assert verdict.startswith(r"\textbf{This build was noisy:}")
     assert r"\cmd{make remeasure} re-measures only the noisy jobs" in verdict
     jobs = stability.files_to_remeasure([workdir / "results/loaded/stats/stability.csv"])
