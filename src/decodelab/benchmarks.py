@@ -26,7 +26,7 @@ def rule_of(path: str) -> str:
     parts = Path(path).parts
     if "prepare_model" in parts:
         return "prepare_model"
-    if any(part == "llama.cpp-peer" for part in parts):
+    if "llama.cpp-peer" in parts:
         return "llama_peer"
     if any(part.startswith("llama.cpp-") for part in parts) and "parallelism" in parts:
         return "verify_cost"

@@ -13,6 +13,7 @@ import pandas as pd
 
 from .. import reference as rf
 from .. import tables
+from ..selection import spec_label
 from .section import Section
 from .settings import PARALLEL_K
 from .tex import (
@@ -211,7 +212,7 @@ def selected_spec_macros(rows: pd.DataFrame) -> dict[str, str]:
     return {"RefCudaSpecSel": value("spec_selected"),
             "RefCudaSpecSelLow": value("spec_selected_low"),
             "RefCudaSpecSelHigh": value("spec_selected_high"),
-            "RefCudaSpecSelOn": tt(f"{row['pair']}, {row['mode']}, K = {int(row['k'])}")}
+            "RefCudaSpecSelOn": tt(spec_label((row["pair"], row["mode"], row["k"])))}
 
 
 # -----------------------------------------------------------------------------
