@@ -12,7 +12,7 @@ smoke=${2:-}
 out=${OUT:-/tmp/gpu_batched_out}
 python=${PYTHON:-python3}
 models=${MODELS:-/tmp/gpu_batched_models}
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 mkdir -p "$out" "$models"
 if [ -n "$smoke" ]; then
   backend=cpu target=gpt2-tiny draft=gpt2-tiny batches="1 2" contexts="32 64" budget=8

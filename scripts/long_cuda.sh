@@ -15,7 +15,7 @@ out=${OUT:-/tmp/long_cuda_out}
 python=${PYTHON:-python3}
 ref=${REF:-results/reference/cuda-h200/long}
 models=${MODELS:-/tmp/long_cuda_models}
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 if ! $python -c "import jsonschema" 2>/dev/null && ls .whl/jsonschema-*.whl >/dev/null 2>&1; then
   $python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-schema \
     .whl/jsonschema-*.whl .whl/jsonschema_specifications-*.whl .whl/referencing-*.whl .whl/rpds_py-*.whl
@@ -31,7 +31,7 @@ cat "$ref/logs/env.txt"
 
 # Leaves 20 s for the tarball; a call that finds its models trained appends to the log.
 timeout -s INT "$(left 10)" $python scripts/long_cuda.py --deadline "$(left 20)" --out "$ref" \
-  --models "$models" --lengths 4096 8192 16384 ${STUDY_ARGS:-} $smoke 2>&1 | tee -a "$ref/logs/run.log"
+  --models "$models" --lengths 4096 8192 16384 ${STUDY_ARGS:-} $smoke 2>&1 | tee -a "$ref/logs/run.log" "$out/run.log"
 
 tar czf "$out/long.tgz" "$ref" && ls -la "$out"
 echo "left: $((deadline - SECONDS)) s"
