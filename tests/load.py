@@ -6,12 +6,15 @@ import sys
 import time
 from contextlib import contextmanager
 
-# Each process also stops by itself after `seconds`, should the test process die uncleanly.
-SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+# A loop spins until it is killed on leaving the block; should the test process die uncleanly it
+# stops by itself once its parent is gone (or after `seconds`, a bound no loaded test reaches).
+SPIN = ("import os, time\nparent, end = os.getppid(), time.monotonic() + {seconds}\n"
+        "while os.getppid() == parent and time.monotonic() < end:\n"
+        "    for _ in range(100_000):\n        pass\n")
 
 
 @contextmanager
-def planted_load(processes: int | None = None, seconds: float = 120.0):
+def planted_load(processes: int | None = None, seconds: float = 3600.0):
     """`processes` busy loops (default: four per core, so that they still take most of the CPU
     from a test process on a machine others already use), killed on leaving the block, even
     when it raises."""

@@ -97,8 +97,9 @@ def test_a_quiet_machine_gives_a_stable_sweep_and_a_quiet_abstract(workdir):
 
 
 def test_a_planted_load_makes_the_sweep_unstable_and_the_abstract_warn(workdir):
-    with planted_load(processes=os.cpu_count()):  # one busy loop per core: the sweep still runs
+    with planted_load(processes=os.cpu_count()) as loops:  # one per core: the sweep still runs
         measure(workdir, "loaded")
+        assert all(loop.poll() is None for loop in loops), "the load ended before the sweep"
     summary, verdict, log = judged(workdir, "loaded")
     assert summary["noisy"] and summary["stable_share"] <= 0.5, summary.to_dict()  # 0-10% seen
     assert verdict.startswith(r"\textbf{This build was noisy:}")
