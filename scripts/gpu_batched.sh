@@ -4,7 +4,7 @@
 # and the non-synchronized batch driven by the scheduler, at B = 1..64 and two context lengths
 # (`decodelab batched`), with the forward timings its cost model is fitted to. Init weights:
 # the costs are real, the acceptance is not (random models). Raw parquet + log in $OUT.
-#   Usage: scripts/gpu_batched.sh [SECONDS (default 500)] [--smoke]
+#   Usage: [BATCHES=.. CONTEXTS=.. BUDGET=..] scripts/gpu_batched.sh [SECONDS (default 500)] [--smoke]
 # --smoke checks the logic on a CPU host: tiny models, B = 1 2, short contexts.
 set -uo pipefail
 deadline=$((SECONDS + ${1:-500}))
@@ -17,8 +17,8 @@ mkdir -p "$out" "$models"
 if [ -n "$smoke" ]; then
   backend=cpu target=gpt2-tiny draft=gpt2-tiny batches="1 2" contexts="32 64" budget=8
 else
-  backend=cuda target=gpt2-medium draft=gpt2 batches="1 2 4 8 16 32 64" contexts="256 896"
-  budget=64
+  backend=cuda target=gpt2-medium draft=gpt2 batches=${BATCHES:-1 2 4 8 16 32 64}
+  contexts=${CONTEXTS:-256 896} budget=${BUDGET:-64}
 fi
 { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi 2>&1 | head -15; } >"$out/env.txt" 2>&1
 for m in "$target" "$draft"; do
