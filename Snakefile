@@ -34,6 +34,7 @@ include: "workflow/rules/speculative.smk"
 include: "workflow/rules/verification.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/long.smk"
+include: "workflow/rules/batched.smk"
 include: "workflow/rules/paper.smk"
 include: "workflow/rules/artifact.smk"
 

@@ -27,7 +27,9 @@ sources.prepare({'source': 'init', 'preset': '$m', 'seed': 1}, '$models/$m')"
 done
 timeout -s INT "$((deadline - SECONDS - 10))" $python -m decodelab.cli batched \
   --target-dir "$models/$target" --draft-dir "$models/$draft" --backend "$backend" \
-  --batches $batches --contexts $contexts --budget "$budget" --k 4 --policy sink_window \
-  --policy-budget 64 --repeat 0 --machine '{"preflight": "off"}' \
+  --spec "{\"batches\": [${batches// /, }], \"contexts\": [${contexts// /, }], \"budget\": $budget,
+    \"k\": 4, \"policy\": \"sink_window\", \"kv_budget\": 64, \"rounds\": 1, \"seed\": 0,
+    \"dtype\": \"float32\", \"device\": \"$backend\"}" \
+  --repeat 0 --machine '{"preflight": "off"}' \
   --costs "$out/costs.parquet" --out "$out/throughput.parquet" 2>&1 | tee "$out/run.log"
 echo "exit status ${PIPESTATUS[0]}; left: $((deadline - SECONDS)) s" | tee -a "$out/run.log"

@@ -57,6 +57,7 @@ E2E_SIZES = {
     "speculative": {"ks": [1, 2, 4], "prompts": 2, "repeats": 2,
                     "parallelism": {"ks": [1, 4, 16], "inner": 2}},
     "long": {"kv_budgets": [32], "documents": 2},
+    "batched": {"rounds": 1},
     "verification": {"seeds": 3, "exact": {"random_pairs": 50, "real_positions": 60},
                      "monte_carlo": {"draws": 2000, "block_draws": 1000},
                      "real": {"tokens": 2000, "prompts": 4, "power_tokens": 400,

@@ -25,7 +25,7 @@ LAYERS = {
                 "longstudy", "budgetdraft"},
     "analyze": {"stats", "theory", "regimes", "regime_depth", "changepoints", "phases",
                 "variance", "memory", "onsets", "collapse", "stability", "selection",
-                "quantized_stats", "scheduler", "batchsim", "longstats"},
+                "quantized_stats", "scheduler", "batchsim", "longstats", "batchstats"},
     "report": {"tables", "figures", "paper", "reference", "hosts", "benchmarks"},
     "cli": {"cli"},
 }

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -7,7 +9,7 @@ from llama import tiny_llama, tokens
 
 from decodelab import batched, batchstudy, cli, models, sources
 from decodelab import equivalence as eq
-from decodelab.config import Sampling
+from decodelab.config import Batched, Sampling
 from decodelab.decode import decode
 from decodelab.errors import DecodelabError
 from decodelab.scheduler import Posterior, round_k
@@ -115,11 +117,16 @@ def test_bad_requests_are_clear_errors(model):
                                [torch.Generator()] * 2)
 
 
+def batched_spec(**edit) -> dict:
+    section = {"target": "t", "draft": "d", "batches": [1, 2], "contexts": [16, 32],
+               "budget": 4, "k": 2, "kv_budget": 8, "rounds": 1, **edit}
+    return Batched.from_config(section, seed=3).job_spec()
+
+
 def test_the_batched_verb_writes_every_mode_and_the_cost_timings(model_dir, tmp_path):
     out, costs = tmp_path / "throughput.parquet", tmp_path / "costs.parquet"
     assert cli.main(["batched", "--target-dir", str(model_dir), "--draft-dir", str(model_dir),
-              "--backend", "cpu", "--batches", "1", "2", "--contexts", "16", "32",
-              "--budget", "4", "--k", "2", "--policy-budget", "8", "--repeat", "0",
+              "--backend", "cpu", "--spec", json.dumps(batched_spec()), "--repeat", "0",
               "--machine", '{"preflight": "off"}', "--costs", str(costs), "--out", str(out)]) == 0
     rows = pd.read_parquet(out)
     assert sorted(rows["mode"].unique()) == sorted(batchstudy.MODES)

@@ -111,6 +111,10 @@ def test_load_settings_outside_snakemake(tmp_path):
 def test_position_needs():
     needs = settings().position_needs()
     assert needs["gpt2-tiny"] == (224, "config 'sweep' (budget 192 + prompt length 32)")
+    batched = "config 'batched' (longest context 192 + budget 16 + 2 K + 1 = 215)"
+    assert needs["target"] == (215, batched) and needs["draft"] == (215, batched)
+    without = {k: v for k, v in validated().items() if k != "batched"}
+    needs = Settings.from_config(without).position_needs()
     assert needs["target"] == (
         169, "config 'speculative.parallelism' (context 128 + 24 for 5 inner repeats + K 16 + 1)")
     assert needs["draft"] == (104, "config 'speculative' (prompt_len 32 + budget 64 + K 8)")

@@ -222,7 +222,8 @@ def test_each_section_defines_the_same_names_whether_its_stage_ran_or_not(stats,
              if name.endswith("Ready")}
     assert ready == {"SpeculativeReady": True, "VerificationReady": True,
                      "RegimeDepthReady": False, "BenchmarksReady": False,
-                     "QuantizedReady": False, "LongReady": False}
+                     "QuantizedReady": False, "LongReady": False,
+                     "BatchedReady": False}
 
 
 def test_write_generated_all_files(stats, tmp_path):
@@ -233,7 +234,7 @@ def test_write_generated_all_files(stats, tmp_path):
                      "tab_spec_hf.tex", "tab_models.tex", "tab_verification.tex",
                      "tab_power.tex", "tab_hosts.tex", "tab_reference.tex",
                      "tab_benchmarks.tex", "tab_regime_depth.tex", "tab_quantized.tex",
-                     "tab_quantized_peer.tex", "tab_long.tex"}
+                     "tab_quantized_peer.tex", "tab_long.tex", "tab_batched.tex"}
     for p in written:
         text = p.read_text()
         assert "nan" not in text.lower().replace("nonstopmode", ""), p.name
@@ -366,7 +367,7 @@ def test_models_csv_with_flat_columns(spec_stats, tmp_path):
     assert r"\texttt{target} & -- & -- & 4.00M & 2.50 & 2.90 & -- & -- & 12.0" in models
 
 
-@pytest.mark.parametrize("section", ["speculative", "verification", "long"])
+@pytest.mark.parametrize("section", ["speculative", "verification", "long", "batched"])
 def test_seed_claims_are_labelled_in_the_text(section):
     """The seed's numbers reach the paper only as Seed* macros, in a sentence naming the seed."""
     text = strip_comments((PAPER / "sections" / f"{section}.tex").read_text())
@@ -385,7 +386,7 @@ def test_seed_claims_are_labelled_in_the_text(section):
 
 def test_seed_macros_only_in_their_sections():
     for path in tex_sources():
-        if path.stem not in ("speculative", "verification", "long"):
+        if path.stem not in ("speculative", "verification", "long", "batched"):
             assert not re.search(r"\\Seed[A-Z]", strip_comments(path.read_text())), path
 
 

@@ -212,6 +212,7 @@ def adversarial(c):
     c["models"] = {renamed[k]: v for k, v in models.items()}
     c["models"]["speculative"]["teacher"] = "parallelism"
     c["long"]["target"] = "long"
+    c["batched"] |= {"target": "parallelism", "draft": "speculative"}
     c["models"]["stats"] = {"source": "hf", "repo": "org/model", "revision": "0" * 40}
     c["sweep"]["models"] = ["sweep", "ablation", "rep0.parquet", "stats"]
     pairs = {"exact": "cpu-cpu", "monte_carlo": "cuda-cuda", "cpu": "cpu-cuda",

@@ -117,7 +117,7 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, d
     assert rerun <= {"statistics", "speculative_stats", "selection", "figures",
                      "speculative_figures", "verification_figures", "reference_comparison",
                      "quantized_stats", "quantized_figures", "long_stats", "long_figures",
-                     "merge_hosts", "settings", "paper", "all"}
+                     "batched_stats", "merge_hosts", "settings", "paper", "all"}
 
     added = set(re.findall(r"Adding (\S+) \(", default_report.stderr + default_report.stdout))
     assert {f"{fig}.png" for fig in included} | {"paper.pdf", "benchmarks.csv"} <= added
@@ -158,7 +158,7 @@ def test_conda_env_pins_equal_requirements_lock(env_file):
 DOWNSTREAM = {"merge_hosts", "figures", "speculative_figures", "verification_figures",
               "quantized_figures", "long_figures", "paper", "all"}
 MEASURING = {"prepare_model", "sweep", "speculative", "parallelism", "verify_cost", "gguf", "long",
-             "verify_exact", "verify_monte_carlo", "verify_real", "model_table"}
+             "batched", "verify_exact", "verify_monte_carlo", "verify_real", "model_table"}
 FIGURES = ["latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory",
            "verification_tokens", "verification_pvalues", "regime_depth", "changepoints"]
 

@@ -97,7 +97,7 @@ def adaptive(requests: Sequence[Request], cost: CostModel, context: float, horiz
     targets = [round_k(p, cost, batch, context, k_max) for p in posteriors]
     drafted = [0] * batch
     while run.seconds < horizon:
-        verifying = [r for r in range(batch) if drafted[r] == targets[r]]
+        verifying = {r for r in range(batch) if drafted[r] == targets[r]}
         widths = [targets[r] + 1 for r in verifying]
         run.seconds += tick_seconds(cost, batch, context, batch - len(verifying), widths)
         for r in range(batch):
@@ -114,9 +114,10 @@ def adaptive(requests: Sequence[Request], cost: CostModel, context: float, horiz
 
 
 def best_fixed(requests: Sequence[Request], cost: CostModel, context: float, horizon: float,
-               seed: int, k_max: int) -> tuple[int, Run]:
-    """The synchronized K in 0..k_max with the highest throughput on these very streams: the
-    best fixed K in hindsight, the strongest synchronized baseline."""
-    runs = {k: synchronized(requests, k, cost, context, horizon, seed) for k in range(k_max + 1)}
+               seed: int, k_max: int, k_min: int = 0) -> tuple[int, Run]:
+    """The synchronized K in k_min..k_max with the highest throughput on these very streams:
+    the best fixed K in hindsight, the strongest synchronized baseline (K = 0: autoregressive)."""
+    runs = {k: synchronized(requests, k, cost, context, horizon, seed)
+            for k in range(k_min, k_max + 1)}
     k = max(runs, key=lambda k: runs[k].throughput)
     return k, runs[k]

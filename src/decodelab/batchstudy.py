@@ -3,6 +3,10 @@ autoregressive, synchronized speculation with a draft model, synchronized self-s
 row the same K) and the non-synchronized batch driven by `scheduler`; plus the batched forward
 times that the scheduler's cost model is fitted to, measured on the same model first.
 
+Prompts are windows of held-out text at seeded offsets (`longstudy.heldout_files`: a `train`
+model's own held-out files, one stream), so that acceptance varies across the rows of a batch as
+it does across real requests; one batch's prompts run from half its context to all of it.
+
 The sparse view of `batched` is a mask: a drafting row still reads every slot, so on this
 executor a draft forward costs what a one-token full forward costs, and the fit says so.
 """
@@ -14,7 +18,9 @@ import torch
 
 from . import batched, models
 from .devices import fingerprint, now
-from .scheduler import CostModel, Posterior, fit_costs, round_k
+from .errors import DecodelabError
+from .longstudy import heldout_files, vocab_size
+from .scheduler import CostModel, Posterior, fitted_cost, round_k
 from .sparse_kv import Policy
 from .speculative import Result
 
@@ -22,11 +28,33 @@ MODES = ("autoregressive", "synchronized", "self_synchronized", "unsynchronized"
 WIDTHS = (1, 3, 5)  # tokens per row in the timed verification forwards
 
 
-def prompts(batch: int, context: int, vocab: int, seed: int) -> list[list[int]]:
-    """Prompts of different lengths, from half the context to all of it."""
+def heldout_stream(model_dir: str, context: int, seed: int) -> torch.Tensor:
+    """The target's held-out files as one token stream (seeded random ids for a model without a
+    tokenizer), refused when it is too short for a prompt."""
+    files = heldout_files(model_dir)
+    if files is None:
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(vocab_size(model_dir), (4 * context,), generator=g)
+    stream = torch.tensor([t for _, ids in files for t in ids])
+    if len(stream) <= context:
+        raise DecodelabError(f"config 'batched.contexts': a prompt of {context} tokens wanted, "
+                             f"the target's held-out files hold {len(stream)}; ask for shorter")
+    return stream
+
+
+def prompts(model_dir: str, batch: int, context: int, seed: int) -> list[list[int]]:
+    """A batch of held-out prompts of different lengths, from half the context to all of it,
+    each at its own seeded offset."""
+    stream = heldout_stream(model_dir, context, seed)
     g = torch.Generator().manual_seed(seed)
     lengths = torch.linspace(context // 2, context, batch).long().tolist()
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+    starts = torch.randint(len(stream) - context, (batch,), generator=g).tolist()
+    return [stream[s:s + n].tolist() for s, n in zip(starts, lengths, strict=True)]
+
+
+def prompt_seed(seed: int, process: int, round_: int) -> int:
+    """Distinct prompt sets for every round of every process."""
+    return seed + 1000 * process + round_
 
 
 @torch.inference_mode()
@@ -47,16 +75,10 @@ def forward_seconds(model, batch: int, context: int, width: int, seed: int) -> f
 
 
 def cost_rows(model, batches, contexts, seed: int = 0) -> list[dict]:
+    forward_seconds(model, batches[0], contexts[0], WIDTHS[-1], seed)  # warm-up, not kept
     return [{"batch": b, "context": c, "tokens": w,
              "seconds": forward_seconds(model, b, c, w, seed)}
             for b in batches for c in contexts for w in WIDTHS]
-
-
-def fitted_cost(rows: list[dict]) -> CostModel:
-    """Drafts are one-token forwards (see the module's note); verifications every width."""
-    draft = [(r["batch"], r["context"], r["seconds"]) for r in rows if r["tokens"] == 1]
-    verify = [(r["batch"], r["context"], r["tokens"], r["seconds"]) for r in rows]
-    return fit_costs(draft, verify)
 
 
 def scheduled(cost: CostModel, batch: int, context: int, k_max: int):
@@ -82,39 +104,42 @@ def run_mode(mode: str, target, draft, batch_prompts, budget: int, k: int, polic
                                   scheduled(cost, len(batch_prompts), context, 2 * k), policy)
 
 
-def throughput_rows(target, draft, batches, contexts, budget: int, k: int, policy: Policy,
-                    repeats: int, cost: CostModel, seed: int = 0) -> list[dict]:
-    rows = []
-    for repeat in range(repeats):
-        for context in contexts:
-            for b in batches:
-                batch_prompts = prompts(b, context, target.config.vocab_size, seed + repeat)
+def throughput_rows(target, draft, target_dir: str, spec: dict, process: int, cost: CostModel
+                    ) -> list[dict]:
+    rows, k, policy = [], spec["k"], Policy(spec["policy"], spec["kv_budget"])
+    for round_ in range(spec["rounds"]):
+        for context in spec["contexts"]:
+            for b in spec["batches"]:
+                seed = prompt_seed(spec["seed"], process, round_)
+                batch_prompts = prompts(target_dir, b, context, seed)
                 for mode in MODES:
-                    out = run_mode(mode, target, draft, batch_prompts, budget, k, policy, cost)
+                    out = run_mode(mode, target, draft, batch_prompts, spec["budget"], k,
+                                   policy, cost)
                     accepted = sum(sum(r.accepted) for r in out.rows)
                     proposed = sum(r.proposed for r in out.rows)
                     rows.append({"mode": mode, "batch": b, "context": context, "k": k,
-                                 "repeat": repeat, "tokens": out.tokens,
+                                 "policy": policy.name, "kv_budget": policy.budget,
+                                 "process": process, "round": round_, "tokens": out.tokens,
                                  "seconds": out.total_s, "tokens_per_s": out.tokens_per_s,
                                  "forwards": out.forwards,
                                  "acceptance": accepted / proposed if proposed else float("nan")})
     return rows
 
 
-def expected_rows(batches, contexts, repeats: int) -> tuple[int, str]:
-    return (len(MODES) * len(batches) * len(contexts) * repeats,
-            f"{len(MODES)} modes x {len(batches)} batch sizes x {len(contexts)} contexts x "
-            f"{repeats} repeats")
+def expected_rows(spec: dict) -> tuple[int, str]:
+    batches, contexts, rounds = len(spec["batches"]), len(spec["contexts"]), spec["rounds"]
+    return (len(MODES) * batches * contexts * rounds,
+            f"{len(MODES)} modes x {batches} batch sizes x {contexts} contexts x {rounds} rounds")
 
 
-def run(target_dir: str, draft_dir: str, backend: str, dtype: str, batches, contexts,
-        budget: int, k: int, policy: Policy, repeats: int, seed: int = 0
+def run(target_dir: str, draft_dir: str, backend: str, spec: dict, process: int
         ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(throughput rows, the forward timings the scheduler's cost model was fitted to)."""
+    """(throughput rows, the forward timings the scheduler's cost model was fitted to), of one
+    process of config 'batched' (`Batched.job_spec`)."""
+    dtype = spec["dtype"]
     target = models.load(target_dir, backend, dtype, role="target")
     draft = models.load(draft_dir, backend, dtype, role="draft")
-    costs = cost_rows(target, batches, contexts, seed)
-    rows = throughput_rows(target, draft, batches, contexts, budget, k, policy, repeats,
-                           fitted_cost(costs), seed)
-    meta = fingerprint(backend, {"dtype": dtype})
+    costs = cost_rows(target, spec["batches"], spec["contexts"], spec["seed"] + process)
+    rows = throughput_rows(target, draft, target_dir, spec, process, fitted_cost(costs))
+    meta = fingerprint(backend, spec)
     return pd.DataFrame(rows).assign(**meta), pd.DataFrame(costs).assign(**meta)

@@ -39,6 +39,8 @@ def rule_of(path: str) -> str:
         return VERIFY_RULES.get(stem, "verify_real" if stem.startswith("real_") else stem)
     if "long" in parts:
         return "long"
+    if "batched" in parts:
+        return "batched"
     if "sweep" in parts or "ablation" in parts:
         return "sweep"
     raise DecodelabError(f"benchmark file {path}: no known rule writes to this path")

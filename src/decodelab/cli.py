@@ -221,16 +221,22 @@ def long_context(args):
 def batched_throughput(args):
     from . import batchstudy
     from .io import write_raw
-    from .sparse_kv import Policy
 
-    open_job(args, args.backend)
-    runs, costs = batchstudy.run(args.target_dir, args.draft_dir, args.backend, args.dtype,
-                                 args.batches, args.contexts, args.budget, args.k,
-                                 Policy(args.policy, args.policy_budget), args.repeats,
-                                 seed=args.repeat)
+    spec = open_job(args, args.backend)
+    runs, costs = batchstudy.run(args.target_dir, args.draft_dir, args.backend, spec,
+                                 args.repeat)
     write_raw(costs, args.costs, len(costs), "forward timings of the cost model")
-    write_raw(runs, args.out, *batchstudy.expected_rows(args.batches, args.contexts,
-                                                        args.repeats))
+    write_raw(runs, args.out, *batchstudy.expected_rows(spec))
+
+
+def batched_stats(args):
+    from . import batchstats, stats, tables
+    from .config import Confidence
+
+    runs = stats.read_raw_runs(args.runs, "batched")
+    costs = stats.read_raw_runs(args.costs, "batched")
+    tables.write_group(args.out, "batched", batchstats.tables(
+        runs, costs, typed(Confidence, args.spec), args.kv_budget))
 
 
 def long_stats(args):
@@ -581,17 +587,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-dir", required=True)
     p.add_argument("--draft-dir", required=True)
     p.add_argument("--backend", required=True, choices=["cpu", "cuda", "mps"])
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--contexts", type=int, nargs="+", default=[64])
-    p.add_argument("--budget", type=int, default=32, help="new tokens per request")
-    p.add_argument("--k", type=int, default=3)
-    p.add_argument("--policy", default="sink_window", help="the self-speculative draft's view")
-    p.add_argument("--policy-budget", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--spec", required=True, help="config batched (its job_spec), as JSON")
     p.add_argument("--costs", required=True, help="parquet of the cost model's forward timings")
     add_timing(p)
-    p.set_defaults(func=batched_throughput, spec=None)
+    p.set_defaults(func=batched_throughput)
+
+    p = verbs.add_parser("batched-stats", help="batched throughput, verification overhead and "
+                                               "scheduler-simulator tables")
+    p.add_argument("--spec", required=True, help="config stats, as JSON")
+    p.add_argument("--out", required=True, help="the stats directory")
+    p.add_argument("--runs", nargs="*", default=[])
+    p.add_argument("--costs", nargs="*", default=[], help="the runs' forward timings")
+    p.add_argument("--kv-budget", type=int, help="the self-drafts' view, for runs that predate "
+                                                 "their kv_budget column")
+    p.set_defaults(func=batched_stats)
 
     p = verbs.add_parser("long-stats", help="long-context acceptance, speedup, memory tables")
     p.add_argument("--spec", required=True, help="config stats, as JSON")

@@ -323,6 +323,41 @@ class Long:
 
 
 @dataclass(frozen=True)
+class Batched:
+    """Config 'batched': batched speculation without a shared schedule (decodelab.batchstudy):
+    batch size x context x mode over held-out prompts, `rounds` prompt sets in each of
+    `repeats` processes."""
+
+    target: str
+    draft: str  # the separate draft of synchronized speculation
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    seed: int  # the config's top-level seed
+    device: str = "cpu"
+    dtype: str = "float32"
+    budget: int = 16  # new tokens per request
+    k: int = 3  # the synchronized K; the scheduler's K* lies in 1..2K
+    policy: str = "sink_window"  # the self-speculative draft's sparse view
+    kv_budget: int = 32
+    rounds: int = 2
+    repeats: int = 2
+
+    @classmethod
+    def from_config(cls, section: Mapping, seed: int) -> Batched:
+        return build(cls, {**section, "seed": seed})
+
+    @property
+    def longest(self) -> int:
+        """The longest sequence a row builds: context, new tokens and the widest proposal."""
+        return max(self.contexts) + self.budget + 2 * self.k + 1
+
+    def job_spec(self) -> dict:
+        """One batched process's settings: all but the models' names and the repeats."""
+        return {k: v for k, v in asdict(self).items()
+                if k not in ("target", "draft", "repeats")}
+
+
+@dataclass(frozen=True)
 class ExactLevel:
     random_pairs: int
     vocab_sizes: tuple[int, ...]
@@ -483,6 +518,7 @@ class Settings:
     machine: Machine
     quantized: Quantized = Quantized()
     long: Long | None = None  # the stage runs only where config 'long' is given
+    batched: Batched | None = None  # likewise config 'batched'
 
     @classmethod
     def from_config(cls, config: Mapping) -> Settings:
@@ -501,7 +537,9 @@ class Settings:
             stability=Stability.from_spec(config["stats"]["stability"]),
             machine=Machine.from_spec(config["machine"]),
             quantized=Quantized.from_spec(config.get("quantized", {})),
-            long=Long.from_config(config["long"], seed) if config.get("long") else None)
+            long=Long.from_config(config["long"], seed) if config.get("long") else None,
+            batched=Batched.from_config(config["batched"], seed) if config.get("batched")
+            else None)
 
     def paper_settings(self, host: str) -> dict:
         """The settings the paper states. The sweep's keys sit at the top level, where a
@@ -550,6 +588,11 @@ class Settings:
             for name in {long.target, *long.drafters} - {"self"}:
                 need(name, long.longest, f"config 'long' (longest length {max(long.lengths)} "
                      f"+ budget {long.budget} + K {max(long.ks)})")
+        if self.batched is not None:
+            b = self.batched
+            for name in (b.target, b.draft):
+                need(name, b.longest, f"config 'batched' (longest context {max(b.contexts)} + "
+                     f"budget {b.budget} + 2 K + 1 = {b.longest})")
         return needs
 
 
@@ -748,6 +791,25 @@ def check_long(settings: Settings) -> None:
             raise DecodelabError(f"config '{key}': model {name!r} is a {family} model; the "
                                  "long-context study needs rotary positions (a train model "
                                  "with arch: llama, or the init preset llama-tiny)")
+
+
+def check_batched(settings: Settings) -> None:
+    """Config 'batched' names its target and draft among the models, and budgets a sparse view
+    smaller than its shortest prompt (half the shortest context)."""
+    b = settings.batched
+    if b is None:
+        return
+    for key, name in (("batched.target", b.target), ("batched.draft", b.draft)):
+        if name not in settings.models:
+            raise DecodelabError(f"config '{key}': no model named {name!r} in 'models'")
+    least = 5 if b.policy == "sink_window" else 23  # sparse_kv.min_budget (imports torch)
+    if b.kv_budget < least:
+        raise DecodelabError(f"config 'batched.kv_budget': policy {b.policy!r} keeps at least "
+                             f"{least} tokens, got {b.kv_budget}")
+    if b.kv_budget >= min(b.contexts) // 2:
+        raise DecodelabError(f"config 'batched.kv_budget': {b.kv_budget} tokens is no sparse "
+                             f"view of the shortest prompt ({min(b.contexts) // 2} tokens, half "
+                             f"the shortest of 'batched.contexts'); make it smaller")
 
 
 def check_engines(settings: Settings) -> None:

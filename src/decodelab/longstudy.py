@@ -36,25 +36,38 @@ from .train import PROMPT_CORPUS_MB, corpus_files, encode, split, texts
 SELF = "self"  # the target drafts from its own sparse cache
 
 
-def heldout_documents(model_dir: str | Path, n: int, length: int, seed: int
-                      ) -> list[tuple[str, list[int]]]:
-    """n distinct held-out documents of at least `length` tokens, as (name, token ids), drawn
-    by seed: a `train` model's own held-out files (a pretrained model's: this standard
-    library's), or, for a model without a tokenizer (`init`), seeded random ids."""
-    from transformers import AutoConfig, AutoTokenizer
+def heldout_files(model_dir: str | Path) -> list[tuple[str, list[int]]] | None:
+    """Every held-out file as (name, token ids): a `train` model's own held-out files (a
+    pretrained model's: this standard library's); None for a model without a tokenizer."""
+    from transformers import AutoTokenizer
 
-    gen = torch.Generator().manual_seed(seed)
     if not (Path(model_dir) / "tokenizer_config.json").is_file():
-        vocab = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).vocab_size
-        return [(f"random{i}", torch.randint(vocab, (length,), generator=gen).tolist())
-                for i in range(n)]
+        return None
     manifest = models.read_manifest(model_dir)
     corpus_mb = manifest["spec"]["corpus_mb"] if manifest.get("source") == "train" \
         else PROMPT_CORPUS_MB
     held = split(corpus_files(corpus_mb))[1]
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
-    docs = [(name, ids) for (name, _), ids in zip(held, encode(tokenizer, texts(held)),
-                                                    strict=True) if len(ids) >= length]
+    return [(name, ids) for (name, _), ids in zip(held, encode(tokenizer, texts(held)),
+                                                  strict=True)]
+
+
+def vocab_size(model_dir: str | Path) -> int:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir, trust_remote_code=False).vocab_size
+
+
+def heldout_documents(model_dir: str | Path, n: int, length: int, seed: int
+                      ) -> list[tuple[str, list[int]]]:
+    """n distinct held-out documents of at least `length` tokens, as (name, token ids), drawn
+    by seed (`heldout_files`), or, for a model without a tokenizer (`init`), seeded random ids."""
+    gen = torch.Generator().manual_seed(seed)
+    files = heldout_files(model_dir)
+    if files is None:
+        return [(f"random{i}", torch.randint(vocab_size(model_dir), (length,),
+                                             generator=gen).tolist()) for i in range(n)]
+    docs = [(name, ids) for name, ids in files if len(ids) >= length]
     if len(docs) < n:
         raise DecodelabError(f"config 'long.documents': {n} held-out documents of at least "
                              f"{length} tokens wanted, the target's held-out files have "

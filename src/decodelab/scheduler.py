@@ -13,7 +13,7 @@ ratio falls instead of scanning every K (the tests check it against the brute-fo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +87,14 @@ def fit_costs(draft: Sequence[tuple[float, float, float]],
         least_squares(np.stack([draft_features(b, ctx) for b, ctx, _ in d]), d[:, 2], "draft"),
         least_squares(np.stack([verify_features(b, ctx, n) for b, ctx, n, _ in v]), v[:, 3],
                       "verify"))
+
+
+def fitted_cost(rows: Sequence[Mapping]) -> CostModel:
+    """`fit_costs` on timed batched forwards (batch, context, tokens per row, seconds): a draft
+    is a one-token forward, a verification one of any width."""
+    draft = [(r["batch"], r["context"], r["seconds"]) for r in rows if r["tokens"] == 1]
+    verify = [(r["batch"], r["context"], r["tokens"], r["seconds"]) for r in rows]
+    return fit_costs(draft, verify)
 
 
 def tokens_per_second(alpha: float, k: int, cost: CostModel, batch: float, context: float

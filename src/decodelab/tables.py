@@ -21,7 +21,7 @@ BACKEND_LABELS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
 # A group's file names share its prefix; read_group's keys drop it (speculative_hf -> "hf").
 PREFIXES = {"speculative": "speculative_", "verification": "verification_",
             "regime_depth": "regime_", "quantized": "quantized_", "verdicts": "verdicts_",
-            "long": "long_"}
+            "long": "long_", "batched": "batched_"}
 ALL_OR_NONE = ("regime_depth",)  # read_group gives None unless every table asked for is there
 
 
@@ -79,6 +79,14 @@ def long(key: str, numeric: tuple[str, ...], per_mode: bool = True) -> Table:
     return Table(f"long_{key}", "long", "long_stats", "Long contexts",
                  numeric=("length", "kv_budget", *(("k",) if per_mode else ()), *numeric),
                  text=(*LONG_TEXT, *(("mode",) if per_mode else ())), optional=True)
+
+BATCHED_KEYS = ("batch", "context", "k")
+
+
+def batched(key: str, numeric: tuple[str, ...], text: tuple[str, ...] = ()) -> Table:
+    """A batched-speculation table, per backend, batch size and context."""
+    return Table(f"batched_{key}", "batched", "batched_stats", "Batched speculation",
+                 numeric=(*BATCHED_KEYS, *numeric), text=("backend", *text), optional=True)
 
 # Every row's stability verdict (decodelab.stability). Not required of a host: results from
 # before it (results/reference/, older imports) lack it.
@@ -166,6 +174,14 @@ TABLES = (
                      "predicted", "n")),
     long("memory", ("draft_kv_bytes", "verifier_kv_bytes", "peak_bytes", "rss_bytes", "n"),
          per_mode=False),
+    # batched speculation (decodelab.batchstats): per backend, batch size and context
+    batched("throughput", ("tokens_per_s", "speedup", *CI, "over_synchronized", "sync_ci_low",
+                           "sync_ci_high", "acceptance", "n"), text=("mode",)),
+    batched("costs", ("forward_s", "verify_s", "verify_tokens", "measured_overhead", "t_draft",
+                      "t_verify", "overhead", "ceiling")),
+    batched("simulator", ("gain", *CI, "best_fixed_k", "adaptive_tokens_per_s",
+                          "fixed_tokens_per_s", "fixed_over_autoregressive", "seeds"),
+            text=("scenario",)),
     verification("levels", ("level", "statistic", "dof", "p_value", "n"),
                  flags=("rejected", "expected_rejected")),
     verification("power", ("level", "n", "seeds", "alpha", "rejections", "rate")),

@@ -16,6 +16,7 @@ from decodelab.config import (
     check_changepoints,
     check_cluster_backends,
     check_local_images,
+    check_batched,
     check_long,
     check_positions,
     check_quantized,
@@ -198,6 +199,7 @@ def measured_outputs(wildcards):
         + peer_runs(wildcards)
         + verification_reports(wildcards)
         + long_runs(wildcards)
+        + batched_runs(wildcards)
     )
 
 
@@ -281,6 +283,23 @@ def long_runs(wildcards):
 def long_drafters():
     """The separate drafters' model names (`self` is the target)."""
     return [d for d in LONG.drafters if d != "self"]
+
+
+# Batched speculation (batched.smk): like the long-context study, one process per repeat on
+# config 'batched.device', where the config has a 'batched' section and this host that device.
+checked(check_batched, SETTINGS)
+BATCHED = SETTINGS.batched
+
+
+def batched_runs(wildcards):
+    if BATCHED is None or BATCHED.device not in BACKENDS:
+        return []
+    device = BATCHED.device
+    return [f"results/{HOST}/batched/{device}/rep{r}.parquet" for r in range(BATCHED.repeats)]
+
+
+def batched_costs(wildcards):
+    return [p.replace(".parquet", "_costs.parquet") for p in batched_runs(wildcards)]
 
 
 # The stability verdicts (stats.smk): each study judged once, in verdicts_<study>.csv.

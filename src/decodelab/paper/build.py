@@ -15,6 +15,7 @@ from ..errors import DecodelabError
 from ..io import atomic
 from . import (
     artifact,
+    batched,
     environment,
     latency,
     long,
@@ -28,8 +29,8 @@ from . import (
 from .section import Section
 from .tex import macros_tex
 
-SECTIONS = (settings, environment, noise, latency, speculative, quantized, long, verification,
-            regime_depth, artifact)
+SECTIONS = (settings, environment, noise, latency, speculative, quantized, long, batched,
+            verification, regime_depth, artifact)
 
 
 def merged(sections: list[Section]) -> Section:
