@@ -22,9 +22,12 @@ def spec(**edit) -> dict:
 
 def test_prompts_are_held_out_text_of_every_length_and_differ_by_round(tiny_pair):
     target, _ = tiny_pair
-    one, other = (batchstudy.prompts(target, 3, 40, batchstudy.prompt_seed(5, 0, r))
+    stream = batchstudy.heldout_stream(target, 40, 5)
+    one, other = (batchstudy.prompts(stream, 3, 40, batchstudy.prompt_seed(5, 0, r))
                   for r in (0, 1))
     assert [len(p) for p in one] == [20, 30, 40] and one != other
+    text = stream.tolist()
+    assert all(any(text[i:i + len(p)] == p for i in range(len(text))) for p in one)
     assert batchstudy.prompt_seed(5, 1, 0) != batchstudy.prompt_seed(5, 0, 1)
 
 

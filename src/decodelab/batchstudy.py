@@ -42,10 +42,9 @@ def heldout_stream(model_dir: str, context: int, seed: int) -> torch.Tensor:
     return stream
 
 
-def prompts(model_dir: str, batch: int, context: int, seed: int) -> list[list[int]]:
-    """A batch of held-out prompts of different lengths, from half the context to all of it,
-    each at its own seeded offset."""
-    stream = heldout_stream(model_dir, context, seed)
+def prompts(stream: torch.Tensor, batch: int, context: int, seed: int) -> list[list[int]]:
+    """A batch of prompts of different lengths from the stream, from half the context to all
+    of it, each at its own seeded offset."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.linspace(context // 2, context, batch).long().tolist()
     starts = torch.randint(len(stream) - context, (batch,), generator=g).tolist()
@@ -107,11 +106,12 @@ def run_mode(mode: str, target, draft, batch_prompts, budget: int, k: int, polic
 def throughput_rows(target, draft, target_dir: str, spec: dict, process: int, cost: CostModel
                     ) -> list[dict]:
     rows, k, policy = [], spec["k"], Policy(spec["policy"], spec["kv_budget"])
+    stream = heldout_stream(target_dir, max(spec["contexts"]), spec["seed"])
     for round_ in range(spec["rounds"]):
         for context in spec["contexts"]:
             for b in spec["batches"]:
                 seed = prompt_seed(spec["seed"], process, round_)
-                batch_prompts = prompts(target_dir, b, context, seed)
+                batch_prompts = prompts(stream, b, context, seed)
                 for mode in MODES:
                     out = run_mode(mode, target, draft, batch_prompts, spec["budget"], k,
                                    policy, cost)
