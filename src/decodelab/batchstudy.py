@@ -13,6 +13,7 @@ executor a draft forward costs what a one-token full forward costs, and the fit 
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -26,6 +27,7 @@ from .speculative import Result
 
 MODES = ("autoregressive", "synchronized", "self_synchronized", "unsynchronized")
 WIDTHS = (1, 3, 5)  # tokens per row in the timed verification forwards
+TIMINGS = 3  # forwards per shape, the median kept: a shape's first forward can be cold
 
 
 def heldout_stream(model_dir: str, context: int, seed: int) -> torch.Tensor:
@@ -74,9 +76,9 @@ def forward_seconds(model, batch: int, context: int, width: int, seed: int) -> f
 
 
 def cost_rows(model, batches, contexts, seed: int = 0) -> list[dict]:
-    forward_seconds(model, batches[0], contexts[0], WIDTHS[-1], seed)  # warm-up, not kept
     return [{"batch": b, "context": c, "tokens": w,
-             "seconds": forward_seconds(model, b, c, w, seed)}
+             "seconds": float(np.median([forward_seconds(model, b, c, w, seed)
+                                         for _ in range(TIMINGS)]))}
             for b in batches for c in contexts for w in WIDTHS]
 
 
