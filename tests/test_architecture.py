@@ -18,7 +18,7 @@ HEAVY = {"torch", "transformers"}
 # Only `measure` (and the CLI, which calls it from inside its verbs) may reach torch.
 LAYERS = {
     "base": {"errors", "names", "io"},
-    "plan": {"config", "configcheck", "probe", "shapes"},
+    "plan": {"config", "configcheck", "probe", "shapes", "kv_layout"},
     "measure": {"devices", "models", "sources", "train", "decode", "sampling", "speculative",
                 "sweep", "study", "equivalence", "verify", "machine", "gguf_convert", "llamacpp",
                 "llamapeer", "graphs", "quantized", "sparse_kv", "longctx", "batched", "batchstudy",

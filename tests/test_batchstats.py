@@ -91,7 +91,8 @@ def test_verification_stops_being_free_as_the_batch_grows():
     from decodelab.scheduler import CostModel
 
     cost = CostModel(draft=(0.01, 1e-4, 0.0), verify=(0.01, 1e-4, 0.0))  # draft: unused
-    out = batchstats.cost_table(planted_costs(cost, [1, 8, 64, 256], [256, 512]), k=4)
+    out = batchstats.cost_table(batchstats.fits(planted_costs(cost, [1, 8, 64, 256], [256, 512])),
+                                k=4)
     out = out.groupby("batch")["ceiling"].mean()
     assert out[1] > 4 and out.is_monotonic_decreasing and out[256] < 1.5
     expected = 5 / (cost.t_verify(256, 256, 5) / cost.t_draft(256, 256))
@@ -101,7 +102,7 @@ def test_verification_stops_being_free_as_the_batch_grows():
 def test_the_simulated_scheduler_gains_only_where_acceptance_varies():
     # KV-bound: a verification reads every row's context, a sparse draft only its 64 tokens
     costs = planted_costs(COST, [4, 8], [2048, 4096])
-    out = batchstats.simulator_table(costs, k=4, kv_budget=64, ci=CI)
+    out = batchstats.simulator_table(batchstats.fits(costs), k=4, kv_budget=64, ci=CI)
     cell = out[(out["batch"] == 8) & (out["context"] == 4096)].set_index("scenario")
     assert cell.loc["mixed", "gain"] > 1.03 and cell.loc["mixed", "ci_low"] > 1
     assert (abs(out.loc[out["scenario"] == "alike", "gain"] - 1) < 0.03).all()  # the control
@@ -111,7 +112,8 @@ def test_the_simulated_scheduler_gains_only_where_acceptance_varies():
 def test_a_draft_as_dear_as_the_target_never_pays_in_the_simulator():
     # The same timings with the draft's view as long as the context: K* stays at its least.
     costs = planted_costs(COST, [4, 8], [2048, 4096])
-    out = batchstats.simulator_table(costs, k=4, kv_budget=4096, ci=CI)
+    out = batchstats.simulator_table(batchstats.fits(costs), k=4, kv_budget=4096,
+                                     ci=CI)
     assert (out["fixed_over_autoregressive"] < 1).all() and (out["best_fixed_k"] == 1).all()
 
 

@@ -23,11 +23,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import batchsim
+from . import batchsim, stats
 from .config import Confidence
 from .errors import DecodelabError
 from .scheduler import CostModel, fitted_cost
-from .stats import bootstrap_ci
 
 BASELINE, SYNCHRONIZED = "autoregressive", "self_synchronized"
 KEYS = ["backend", "batch", "context", "k"]
@@ -56,11 +55,8 @@ def runs_of(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def mean_ci(x: np.ndarray, ci: Confidence) -> tuple[float, float, float]:
-    """The mean and its interval; one run gives no interval (NaN), not a zero-width one."""
-    x = x[np.isfinite(x)]
-    if len(x) < 2:
-        return (float(np.mean(x)) if len(x) else np.nan), np.nan, np.nan
-    return (float(np.mean(x)), *bootstrap_ci(np.mean, (x,), ci))
+    """One run gives no interval: NaN, not a zero-width one."""
+    return stats.mean_ci(x, ci, least=2)
 
 
 def throughput_table(raw: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
@@ -84,16 +80,18 @@ def throughput_table(raw: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=THROUGHPUT_COLUMNS)
 
 
-def median_costs(costs: pd.DataFrame) -> pd.DataFrame:
-    """Per backend, batch, context and tokens per row: the median forward over processes."""
-    return costs.groupby(["backend", "batch", "context", "tokens"])["seconds"].median() \
+def fits(costs: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, CostModel]]:
+    """Per backend: the median forward over processes per batch, context and tokens per row,
+    and the cost model fitted to them (the scheduler's)."""
+    medians = costs.groupby(["backend", "batch", "context", "tokens"])["seconds"].median() \
         .reset_index()
+    return {backend: (g, fitted_cost(g.to_dict("records")))
+            for backend, g in medians.groupby("backend")}
 
 
-def cost_table(costs: pd.DataFrame, k: int) -> pd.DataFrame:
+def cost_table(fitted: dict, k: int) -> pd.DataFrame:
     rows = []
-    for backend, b_costs in median_costs(costs).groupby("backend"):
-        fit = fitted_cost(b_costs.to_dict("records"))
+    for backend, (b_costs, fit) in fitted.items():
         for (batch, context), g in b_costs.groupby(["batch", "context"]):
             one = float(g.loc[g["tokens"] == 1, "seconds"].median())
             widest = g.loc[g["tokens"].idxmax()]
@@ -128,11 +126,10 @@ def simulated(cost, batch: int, context: float, k: int, scenario: str, seed: int
     return k_fixed, fixed.throughput, adaptive.throughput, autoregressive.throughput
 
 
-def simulator_table(costs: pd.DataFrame, k: int, kv_budget: float, ci: Confidence
-                    ) -> pd.DataFrame:
+def simulator_table(fitted: dict, k: int, kv_budget: float, ci: Confidence) -> pd.DataFrame:
     rows = []
-    for backend, b_costs in median_costs(costs).groupby("backend"):
-        fit = sparse_draft(fitted_cost(b_costs.to_dict("records")), kv_budget)
+    for backend, (b_costs, fit) in fitted.items():
+        fit = sparse_draft(fit, kv_budget)
         for (batch, context), _ in b_costs.groupby(["batch", "context"]):
             for scenario in SCENARIOS:
                 sims = [simulated(fit, int(batch), float(context), k, scenario, seed)
@@ -163,5 +160,6 @@ def tables(runs: pd.DataFrame, costs: pd.DataFrame, ci: Confidence,
         kv_budget = int(runs["kv_budget"].iloc[0])
     if kv_budget is None:
         raise DecodelabError("the batched runs do not say their draft's kv_budget: give it")
-    return {"throughput": throughput_table(runs, ci), "costs": cost_table(costs, k),
-            "simulator": simulator_table(costs, k, kv_budget, ci)}
+    fitted = fits(costs)
+    return {"throughput": throughput_table(runs, ci), "costs": cost_table(fitted, k),
+            "simulator": simulator_table(fitted, k, kv_budget, ci)}

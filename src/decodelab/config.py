@@ -18,6 +18,7 @@ from pathlib import Path
 from . import tables
 from .errors import DecodelabError
 from .hosts import MANIFEST, RESERVED
+from .kv_layout import min_budget
 from .names import NAME_RULE, is_valid_name
 from .shapes import PRESETS, declared_positions, position_overrun, preset_positions
 
@@ -802,7 +803,7 @@ def check_batched(settings: Settings) -> None:
     for key, name in (("batched.target", b.target), ("batched.draft", b.draft)):
         if name not in settings.models:
             raise DecodelabError(f"config '{key}': no model named {name!r} in 'models'")
-    least = 5 if b.policy == "sink_window" else 23  # sparse_kv.min_budget (imports torch)
+    least = min_budget(b.policy)
     if b.kv_budget < least:
         raise DecodelabError(f"config 'batched.kv_budget': policy {b.policy!r} keeps at least "
                              f"{least} tokens, got {b.kv_budget}")

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .config import Confidence
-from .stats import bootstrap_ci
+from .stats import mean_ci
 from .theory import alpha_of_calls, expected_speedup
 
 KEYS = ["target", "backend", "drafter", "policy", "kv_budget", "length", "mode", "k"]
@@ -53,13 +53,6 @@ def baselines(runs: pd.DataFrame) -> pd.DataFrame:
     base = runs[runs["method"] == "autoregressive"]
     return base.groupby(BASE_KEYS).agg(autoregressive_s=("total_s", "median"),
                                        step_s=("step_s", "median")).reset_index()
-
-
-def mean_ci(x: np.ndarray, ci: Confidence) -> tuple[float, float, float]:
-    x = x[np.isfinite(x)]
-    if not len(x):
-        return np.nan, np.nan, np.nan
-    return (float(np.mean(x)), *bootstrap_ci(np.mean, (x,), ci))
 
 
 def acceptance_table(docs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:

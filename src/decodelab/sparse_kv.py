@@ -26,10 +26,8 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .errors import DecodelabError
+from .kv_layout import CHUNK, SINK, WINDOW, min_budget
 
-CHUNK = 8
-SINK = 4
-WINDOW = 8  # recent tokens the chunked policies always keep, beyond the last partial chunk
 POLICIES = ("full", "sink_window", "retrieval", "random_chunks")
 
 Selection = list[torch.Tensor]  # per layer: [h_kv, n] true positions, sorted
@@ -68,11 +66,6 @@ class Policy:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + n)
         return [with_window(chunk_positions(random_chunks(prefix // CHUNK, picks, g), k), k, prefix)
                 for k in keys]
-
-
-def min_budget(name: str) -> int:
-    # The chunked layout needs room for the window, the last partial chunk and chunk 0.
-    return SINK + 1 if name == "sink_window" else WINDOW + (CHUNK - 1) + CHUNK
 
 
 def positions(kept: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

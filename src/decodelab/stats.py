@@ -56,6 +56,17 @@ def bootstrap_ci(statistic, samples: tuple[np.ndarray, ...], ci: Confidence
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def mean_ci(x: np.ndarray, ci: Confidence, least: int = 1) -> tuple[float, float, float]:
+    """The mean of the finite values and its percentile-bootstrap interval; fewer than `least`
+    of them give no interval (NaN) rather than a zero-width one."""
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return np.nan, np.nan, np.nan
+    if len(x) < least:
+        return float(np.mean(x)), np.nan, np.nan
+    return (float(np.mean(x)), *bootstrap_ci(np.mean, (x,), ci))
+
+
 def latency_table(runs: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> pd.DataFrame:
     """Median and interval per configuration and metric, with the configuration's stability
     `verdict` (`stability.verdicts(runs, SWEEP, ...)`)."""
