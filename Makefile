@@ -45,7 +45,7 @@ reproduce: setup
 PAPER_RULES := collect skipped statistics stability regimes regime_depth settings figures \
 	speculative_stats speculative_figures verification_stats verification_figures reference_comparison \
 	benchmark_summary merge_hosts paper all quantized_stats quantized_figures long_stats long_figures \
-	batched_stats selection verdicts
+	batched_stats batched_figures selection verdicts
 
 # Rebuild statistics, figures and the PDF from existing raw runs; never re-measures.
 paper: setup

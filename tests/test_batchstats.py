@@ -34,11 +34,12 @@ def test_prompts_are_held_out_text_of_every_length_and_differ_by_round(tiny_pair
 def test_the_stage_verbs_write_every_table(tiny_pair, tmp_path):
     target, draft = tiny_pair
     runs, costs = [], []
+    refreshed = spec(contexts=[56, 64], kv_budget=24, refresh_layer=0)
     for r in (0, 1):
         runs.append(tmp_path / f"rep{r}.parquet")
         costs.append(tmp_path / f"rep{r}_costs.parquet")
         assert cli.main(["batched", "--target-dir", target, "--draft-dir", draft, "--backend",
-                         "cpu", "--spec", json.dumps(spec()), "--repeat", str(r), "--machine",
+                         "cpu", "--spec", json.dumps(refreshed), "--repeat", str(r), "--machine",
                          '{"preflight": "off"}', "--costs", str(costs[-1]),
                          "--out", str(runs[-1])]) == 0
     assert cli.main(["batched-stats", "--spec", json.dumps(CI.job_spec()), "--out",
@@ -46,9 +47,14 @@ def test_the_stage_verbs_write_every_table(tiny_pair, tmp_path):
                      "--costs", *map(str, costs)]) == 0
     t = tables.read_group(tmp_path / "stats", "batched")
     throughput = t["throughput"]
-    assert len(throughput) == len(batchstudy.MODES) * 2 * 2 and (throughput["n"] == 4).all()
-    ar = throughput[throughput["mode"] == "autoregressive"]
-    assert np.allclose(ar["speedup"], 1) and (throughput["tokens_per_s"] > 0).all()
+    assert len(throughput) == (len(batchstudy.MODES) + 1) * 2 * 2
+    assert (throughput["n"] == 4).all()
+    by_mode = throughput.set_index("mode")
+    assert np.allclose(by_mode.loc["autoregressive", "speedup"], 1)
+    assert np.allclose(by_mode.loc["unsynchronized", "over_unsynchronized"], 1)
+    assert (by_mode.loc["refreshed", "refresh_layer"] == 0).all()
+    assert by_mode.loc["refreshed", "over_unsynchronized"].notna().all()
+    assert (throughput["tokens_per_s"] > 0).all()
     c = t["costs"]
     assert len(c) == 4 and np.allclose(c["ceiling"], 3 / c["overhead"])
     assert (c["verify_tokens"] == max(batchstudy.WIDTHS)).all()
@@ -56,6 +62,7 @@ def test_the_stage_verbs_write_every_table(tiny_pair, tmp_path):
     section = paper_batched.parts(tmp_path / "stats", {})
     assert section.flags == {"BatchedReady": True}
     assert "--" not in section.macros["BatchedUnsyncSentence"]
+    assert "layer 0" in section.macros["BatchedRefreshSentence"]
     assert section.files["tab_batched.tex"].count(r"CPU & ") == 4
 
 
@@ -129,7 +136,9 @@ def settings_with(**batched) -> Settings:
     ({"target": "nope"}, "batched.target': no model named 'nope'"),
     ({"draft": "nope"}, "batched.draft': no model named 'nope'"),
     ({"kv_budget": 48}, "batched.kv_budget': 48 tokens is no sparse view"),
-    ({"policy": "retrieval", "kv_budget": 16}, "keeps at least 23"),
+    ({"policy": "random_chunks", "kv_budget": 16}, "keeps at least 23"),
+    ({"policy": "retrieval", "kv_budget": 32}, "batched.policy': retrieval selects per layer"),
+    ({"refresh_layer": 0, "kv_budget": 16}, "refresh layer keeps chunks, at least 23"),
 ])
 def test_bad_batched_sections_name_their_key(edit, match):
     with pytest.raises(DecodelabError, match=match):
@@ -138,7 +147,8 @@ def test_bad_batched_sections_name_their_key(edit, match):
 
 def test_the_least_budgets_are_those_of_the_sparse_views():
     check_batched(settings_with(policy="sink_window", kv_budget=min_budget("sink_window")))
-    check_batched(settings_with(policy="retrieval", kv_budget=min_budget("retrieval")))
+    check_batched(settings_with(policy="random_chunks", kv_budget=min_budget("random_chunks")))
+    check_batched(settings_with(refresh_layer=0, kv_budget=min_budget("retrieval")))
     with pytest.raises(DecodelabError):
         check_batched(settings_with(policy="sink_window",
                                     kv_budget=min_budget("sink_window") - 1))

@@ -604,6 +604,7 @@ def test_paper_includes_all_figures_with_provenance():
     made_by = {"latency": "figures", "kv_speedup": "figures", "regime_depth": "figures",
                "changepoints": "figures", "quantized": r"quantized\_figures",
                **{f: r"long\_figures" for f in ("long_acceptance", "long_speedup", "long_cost")},
+               **{f: r"batched\_figures" for f in ("batched_speedup", "batched_overhead")},
                **{f: r"speculative\_figures" for f in SPEC_FIGURES},
                **{f: r"verification\_figures" for f in VERIFICATION_FIGURES}}
     captions = dict(re.findall(r"\\includegraphics(?:\[[^\]]*\])?\{figures/([a-z_]+)\.pdf\}"

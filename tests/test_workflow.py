@@ -102,7 +102,8 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, d
     included = set(re.findall(r"<figures/(\w+)\.pdf", log))
     assert included == {"latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory",
                         "verification_tokens", "verification_pvalues", "regime_depth",
-                        "changepoints", "long_acceptance", "long_speedup", "long_cost"}
+                        "changepoints", "long_acceptance", "long_speedup", "long_cost",
+                        "batched_speedup", "batched_overhead"}
 
     e2e = e2e_configfile(workdir)
     again = snakemake(workdir, "-n", "--configfile", e2e)
@@ -117,7 +118,8 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, d
     assert rerun <= {"statistics", "speculative_stats", "selection", "figures",
                      "speculative_figures", "verification_figures", "reference_comparison",
                      "quantized_stats", "quantized_figures", "long_stats", "long_figures",
-                     "batched_stats", "merge_hosts", "settings", "paper", "all"}
+                     "batched_stats", "batched_figures", "merge_hosts", "settings", "paper",
+                     "all"}
 
     added = set(re.findall(r"Adding (\S+) \(", default_report.stderr + default_report.stdout))
     assert {f"{fig}.png" for fig in included} | {"paper.pdf", "benchmarks.csv"} <= added
@@ -131,8 +133,8 @@ def test_default_dag_runs_to_the_pdf_and_reruns_only_what_changed(default_dag, d
     rerun = set(planned_jobs(changed.stdout))
     assert "regime_depth" in rerun and "regimes" not in rerun  # the spike rule stays
     assert rerun <= {"regime_depth", "merge_hosts", "figures", "speculative_figures",
-                     "verification_figures", "quantized_figures", "long_figures", "settings",
-                     "paper", "all"}  # nothing measured
+                     "verification_figures", "quantized_figures", "long_figures",
+                     "batched_figures", "settings", "paper", "all"}  # nothing measured
 
 
 def test_changepoint_segments_too_short_for_a_line_are_refused(workdir):
@@ -156,7 +158,7 @@ def test_conda_env_pins_equal_requirements_lock(env_file):
 # a finished tree (every output present and up to date, files empty): what runs next
 
 DOWNSTREAM = {"merge_hosts", "figures", "speculative_figures", "verification_figures",
-              "quantized_figures", "long_figures", "paper", "all"}
+              "quantized_figures", "long_figures", "batched_figures", "paper", "all"}
 MEASURING = {"prepare_model", "sweep", "speculative", "parallelism", "verify_cost", "gguf", "long",
              "batched", "verify_exact", "verify_monte_carlo", "verify_real", "model_table"}
 FIGURES = ["latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory",

@@ -17,7 +17,8 @@ In the non-synchronized batch the draft is the target itself through a sparse vi
 the same forward under a sparser mask; a separate draft model could never share the target's
 forward. The view is a mask shared by every layer and head, so the policies that select per layer
 (`retrieval`) are refused. Draft tokens are fed under the sparse mask into scratch slots that
-only their own row's later draft steps see, and are fed again, fully attended, to verify.
+only their own row's later draft steps see, and are fed again, fully attended, to verify. With a
+refresh layer (`refresh`) the view differs across layers and is re-selected at every draft step.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from .config import GREEDY, Sampling
 from .decode import cache_kwarg, new_cache
 from .devices import now
 from .errors import DecodelabError
+from .kv_layout import SINK
 from .models import require_finite
+from .refresh import RefreshLayer, ranks
 from .sampling import greedy_accept, speculative_accept, warp
 from .sparse_kv import Policy
 from .speculative import Result, check_vocab, device_of, draw
@@ -321,28 +324,56 @@ def fixed(k: int) -> Callable[[int, Result], int]:
 
 
 def sparse_context(rows: Rows, row: int, policy: Policy) -> torch.Tensor:
-    """[S] bool: the row's committed slots that `policy` keeps, plus its scratch slots."""
+    """[S] bool: the row's committed slots that `policy` keeps."""
     used = rows.committed[row].nonzero()[:, 0]
-    context = rows.scratch[row].clone()
+    context = torch.zeros_like(rows.committed[row])
     if len(used):
         keys = rows.cache.layers[0].keys[row:row + 1, :, used]
-        kept = policy.select(DynamicCache(ddp_cache_data=[(keys, keys)]))[0][0]
-        context[used[kept]] = True
+        context[used[policy.select(DynamicCache(ddp_cache_data=[(keys, keys)]))[0][0]]] = True
     return context
+
+
+def draft_context(rows: Rows, policy: Policy, drafting: torch.Tensor) -> torch.Tensor:
+    """[B, S]: what each row's queries see: a drafting row ([B] bool) its view of its committed
+    slots and its own draft tokens, any other row its committed slots. Sink + window is drawn for
+    every row at once (no host sync); other policies row by row."""
+    if policy.name == "full":
+        view = rows.committed
+    elif policy.name == "sink_window":
+        rank, n = ranks(rows.committed), rows.committed.sum(1, keepdim=True)
+        view = rows.committed & ((rank < SINK) | (rank >= n - (policy.budget - SINK)))
+    else:
+        view = torch.stack([sparse_context(rows, r, policy) if drafting[r]
+                            else rows.committed[r] for r in range(len(drafting))])
+    return torch.where(drafting[:, None], view | rows.scratch, rows.committed)
+
+
+def refreshed_forward(model, rows: Rows, chunks, starts, context: torch.Tensor,
+                      drafting: torch.Tensor, refresher: RefreshLayer) -> torch.Tensor:
+    """`forward` with the refresh layer reading each drafting row's full cache."""
+    full = torch.where(drafting[:, None], rows.committed | rows.scratch, context)
+    counts = torch.tensor([len(c) for c in chunks], device=context.device)
+    refresher.prepare(context, full, drafting, rows.committed,
+                      lambda ctx: chunk_mask(ctx, counts, model.dtype))
+    with refresher:
+        return forward(model, rows, chunks, starts, context)
 
 
 @torch.inference_mode()
 def unsynchronized(model, prompts: Sequence[Sequence[int]], budget: int,
                    next_k: Callable[[int, Result], int], policy: Policy, s: Sampling = GREEDY,
                    draft_generators: Generators = None, target_generators: Generators = None,
-                   accept=speculative_accept) -> Batch:
+                   accept=speculative_accept, refresh: int | None = None) -> Batch:
     """Exactly `budget` tokens per request, self-speculating: each row drafts next_k(row, its
     result so far) tokens through `policy`'s view of its cache, one per tick, then verifies them
-    on the full cache, while the other rows draft or verify in the same forward."""
+    on the full cache, while the other rows draft or verify in the same forward. `refresh`: the
+    refresh layer, which re-selects a drafting row's view for the layers after it at every draft
+    step (`decodelab.refresh`); `policy` then gives the view of the layers before it."""
     check_prompts(prompts)
     if policy.name in PER_LAYER:
         raise DecodelabError(f"sparse-KV policy {policy.name!r} selects per layer and head; the "
                              "non-synchronized batch draws one view per row for every layer")
+    refresher = None if refresh is None else RefreshLayer(model, refresh, policy.budget)
     batch = len(prompts)
     rows, finite = new_rows(model, batch), Finite()
     d_gens, t_gens = generators_of(draft_generators, batch), generators_of(target_generators,
@@ -366,12 +397,14 @@ def unsynchronized(model, prompts: Sequence[Sequence[int]], budget: int,
         chunks = [([seqs[r][-1]] + drafts[r] if verifying[r] else (drafts[r] or seqs[r])[-1:])
                   if ks[r] >= 0 else [] for r in range(batch)]
         starts = [rows.lengths[r] + (0 if verifying[r] else len(drafts[r])) for r in range(batch)]
-        context = torch.stack([rows.committed[r] if verifying[r] or ks[r] < 0
-                               else sparse_context(rows, r, policy) for r in range(batch)])
-        first = rows.slots
-        logits = forward(model, rows, chunks, starts, context)
-        out.forwards += 1
         drafting = [r for r in range(batch) if ks[r] >= 0 and not verifying[r]]
+        drafts_now = torch.zeros(batch, dtype=torch.bool, device=rows.committed.device)
+        drafts_now[drafting] = True
+        context = draft_context(rows, policy, drafts_now)
+        first = rows.slots
+        logits = (refreshed_forward(model, rows, chunks, starts, context, drafts_now, refresher)
+                  if refresher and drafting else forward(model, rows, chunks, starts, context))
+        out.forwards += 1
         if drafting:
             last = logits[drafting, 0]
             finite.keep("draft", model, last)

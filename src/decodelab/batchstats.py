@@ -2,8 +2,9 @@
 set of one process) the unit that the bootstrap resamples:
 
 - throughput: per mode, batch size and context, tokens per second over the batch and, run by
-  run on the same prompts, the ratio to batched autoregressive decoding and to synchronized
-  self-speculation (every row the same K);
+  run on the same prompts, the ratio to batched autoregressive decoding, to synchronized
+  self-speculation (every row the same K) and to the non-synchronized batch (for the refreshed
+  mode: refresh against none);
 - costs: where speculation stops paying as the batch grows. From the forward timings, measured
   and fitted (`scheduler.CostModel`, the model the scheduler used), the verification overhead
   t_verify(B, L, K+1) / t_draft(B, L), a K+1-token forward over a one-token one, and the ceiling
@@ -25,13 +26,16 @@ import pandas as pd
 
 from . import batchsim, stats
 from .config import Confidence
-from .errors import DecodelabError
 from .scheduler import CostModel, fitted_cost
 
-BASELINE, SYNCHRONIZED = "autoregressive", "self_synchronized"
 KEYS = ["backend", "batch", "context", "k"]
-THROUGHPUT_COLUMNS = [*KEYS, "mode", "tokens_per_s", "speedup", "ci_low", "ci_high",
-                      "over_synchronized", "sync_ci_low", "sync_ci_high", "acceptance", "n"]
+# Each mode's paired ratio to these modes: (its column, the interval's columns).
+REFERENCES = {"autoregressive": ("speedup", "ci_low", "ci_high"),
+              "self_synchronized": ("over_synchronized", "sync_ci_low", "sync_ci_high"),
+              "unsynchronized": ("over_unsynchronized", "unsync_ci_low", "unsync_ci_high")}
+THROUGHPUT_COLUMNS = [*KEYS, "mode", "tokens_per_s",
+                      *(c for cols in REFERENCES.values() for c in cols), "acceptance",
+                      "refresh_layer", "n"]
 COST_COLUMNS = [*KEYS, "forward_s", "verify_s", "verify_tokens", "measured_overhead",
                 "t_draft", "t_verify", "overhead", "ceiling"]
 SIMULATOR_COLUMNS = [*KEYS, "scenario", "gain", "ci_low", "ci_high", "best_fixed_k",
@@ -46,21 +50,13 @@ SCENARIOS = {
 SEEDS, ROUNDS = 5, 60  # simulated seeds; the horizon in synchronized rounds of K
 
 
-def runs_of(raw: pd.DataFrame) -> pd.DataFrame:
-    """One row per mode and run; results from before rounds (the H200 reference) had one
-    process whose prompt sets were its repeats."""
-    if "process" not in raw:
-        raw = raw.assign(process=0, round=raw["repeat"])
-    return raw
-
-
 def mean_ci(x: np.ndarray, ci: Confidence) -> tuple[float, float, float]:
     """One run gives no interval: NaN, not a zero-width one."""
     return stats.mean_ci(x, ci, least=2)
 
 
 def throughput_table(raw: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
-    runs = runs_of(raw)
+    runs = raw
     run_keys = [*KEYS, "process", "round"]
     by_run = runs.pivot_table(index=run_keys, columns="mode", values="tokens_per_s")
     rows = []
@@ -68,15 +64,14 @@ def throughput_table(raw: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
         row = dict(zip([*KEYS, "mode"], key, strict=True))
         paired = by_run.xs(key[:-1], level=KEYS, drop_level=False)
         mode = paired[row["mode"]].to_numpy(dtype=float)
-        speedup = mean_ci(mode / paired[BASELINE].to_numpy(dtype=float), ci) \
-            if BASELINE in paired else (np.nan,) * 3
-        over_sync = mean_ci(mode / paired[SYNCHRONIZED].to_numpy(dtype=float), ci) \
-            if SYNCHRONIZED in paired else (np.nan,) * 3
+        for reference, columns in REFERENCES.items():
+            ratio = mean_ci(mode / paired[reference].to_numpy(dtype=float), ci) \
+                if reference in paired else (np.nan,) * 3
+            row.update(zip(columns, ratio, strict=True))
+        refresh = g["refresh_layer"].max() if "refresh_layer" in g else np.nan
         rows.append({**row, "tokens_per_s": float(g["tokens_per_s"].median()),
-                     "speedup": speedup[0], "ci_low": speedup[1], "ci_high": speedup[2],
-                     "over_synchronized": over_sync[0], "sync_ci_low": over_sync[1],
-                     "sync_ci_high": over_sync[2],
-                     "acceptance": float(g["acceptance"].mean()), "n": len(g)})
+                     "acceptance": float(g["acceptance"].mean()), "refresh_layer": refresh,
+                     "n": len(g)})
     return pd.DataFrame(rows, columns=THROUGHPUT_COLUMNS)
 
 
@@ -147,19 +142,13 @@ def simulator_table(fitted: dict, k: int, kv_budget: float, ci: Confidence) -> p
     return pd.DataFrame(rows, columns=SIMULATOR_COLUMNS)
 
 
-def tables(runs: pd.DataFrame, costs: pd.DataFrame, ci: Confidence,
-           kv_budget: int | None = None) -> dict[str, pd.DataFrame]:
-    """The group's tables (`decodelab.tables`, group batched); no runs give them empty.
-    `kv_budget`: the self-drafts' view where the runs predate their kv_budget column."""
+def tables(runs: pd.DataFrame, costs: pd.DataFrame, ci: Confidence) -> dict[str, pd.DataFrame]:
+    """The group's tables (`decodelab.tables`, group batched); no runs give them empty."""
     if not len(runs):
         return {"throughput": pd.DataFrame(columns=THROUGHPUT_COLUMNS),
                 "costs": pd.DataFrame(columns=COST_COLUMNS),
                 "simulator": pd.DataFrame(columns=SIMULATOR_COLUMNS)}
-    k = int(runs["k"].iloc[0])
-    if "kv_budget" in runs:
-        kv_budget = int(runs["kv_budget"].iloc[0])
-    if kv_budget is None:
-        raise DecodelabError("the batched runs do not say their draft's kv_budget: give it")
+    k, kv_budget = int(runs["k"].iloc[0]), int(runs["kv_budget"].iloc[0])
     fitted = fits(costs)
     return {"throughput": throughput_table(runs, ci), "costs": cost_table(fitted, k),
             "simulator": simulator_table(fitted, k, kv_budget, ci)}

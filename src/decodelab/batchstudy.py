@@ -1,6 +1,7 @@
 """Throughput of batched decoding, tokens per second over the batch, per mode and batch size:
 autoregressive, synchronized speculation with a draft model, synchronized self-speculation (every
-row the same K) and the non-synchronized batch driven by `scheduler`; plus the batched forward
+row the same K), the non-synchronized batch driven by `scheduler` and, given a refresh layer, the
+same batch with its views re-selected every draft step (`refreshed`); plus the batched forward
 times that the scheduler's cost model is fitted to, measured on the same model first.
 
 Prompts are windows of held-out text at seeded offsets (`longstudy.heldout_files`: a `train`
@@ -26,6 +27,7 @@ from .sparse_kv import Policy
 from .speculative import Result
 
 MODES = ("autoregressive", "synchronized", "self_synchronized", "unsynchronized")
+REFRESHED = "refreshed"
 WIDTHS = (1, 3, 5)  # tokens per row in the timed verification forwards
 TIMINGS = 3  # forwards per shape, the median kept: a shape's first forward can be cold
 
@@ -92,8 +94,13 @@ def scheduled(cost: CostModel, batch: int, context: int, k_max: int):
     return next_k
 
 
-def run_mode(mode: str, target, draft, batch_prompts, budget: int, k: int, policy: Policy,
+def modes(spec: dict) -> tuple[str, ...]:
+    return MODES if spec.get("refresh_layer") is None else (*MODES, REFRESHED)
+
+
+def run_mode(mode: str, target, draft, batch_prompts, spec: dict, policy: Policy,
              cost: CostModel) -> batched.Batch:
+    budget, k = spec["budget"], spec["k"]
     if mode == "autoregressive":
         return batched.autoregressive(target, batch_prompts, budget)
     if mode == "synchronized":
@@ -102,7 +109,8 @@ def run_mode(mode: str, target, draft, batch_prompts, budget: int, k: int, polic
         return batched.unsynchronized(target, batch_prompts, budget, batched.fixed(k), policy)
     context = max(map(len, batch_prompts))
     return batched.unsynchronized(target, batch_prompts, budget,
-                                  scheduled(cost, len(batch_prompts), context, 2 * k), policy)
+                                  scheduled(cost, len(batch_prompts), context, 2 * k), policy,
+                                  refresh=spec["refresh_layer"] if mode == REFRESHED else None)
 
 
 def throughput_rows(target, draft, target_dir: str, spec: dict, process: int, cost: CostModel
@@ -114,13 +122,14 @@ def throughput_rows(target, draft, target_dir: str, spec: dict, process: int, co
             for b in spec["batches"]:
                 seed = prompt_seed(spec["seed"], process, round_)
                 batch_prompts = prompts(stream, b, context, seed)
-                for mode in MODES:
-                    out = run_mode(mode, target, draft, batch_prompts, spec["budget"], k,
-                                   policy, cost)
+                for mode in modes(spec):
+                    out = run_mode(mode, target, draft, batch_prompts, spec, policy, cost)
                     accepted = sum(sum(r.accepted) for r in out.rows)
                     proposed = sum(r.proposed for r in out.rows)
+                    refresh = spec.get("refresh_layer") if mode == REFRESHED else None
                     rows.append({"mode": mode, "batch": b, "context": context, "k": k,
                                  "policy": policy.name, "kv_budget": policy.budget,
+                                 "refresh_layer": np.nan if refresh is None else refresh,
                                  "process": process, "round": round_, "tokens": out.tokens,
                                  "seconds": out.total_s, "tokens_per_s": out.tokens_per_s,
                                  "forwards": out.forwards,
@@ -130,8 +139,9 @@ def throughput_rows(target, draft, target_dir: str, spec: dict, process: int, co
 
 def expected_rows(spec: dict) -> tuple[int, str]:
     batches, contexts, rounds = len(spec["batches"]), len(spec["contexts"]), spec["rounds"]
-    return (len(MODES) * batches * contexts * rounds,
-            f"{len(MODES)} modes x {batches} batch sizes x {contexts} contexts x {rounds} rounds")
+    n = len(modes(spec))
+    return (n * batches * contexts * rounds,
+            f"{n} modes x {batches} batch sizes x {contexts} contexts x {rounds} rounds")
 
 
 def run(target_dir: str, draft_dir: str, backend: str, spec: dict, process: int

@@ -236,7 +236,7 @@ def batched_stats(args):
     runs = stats.read_raw_runs(args.runs, "batched")
     costs = stats.read_raw_runs(args.costs, "batched")
     tables.write_group(args.out, "batched", batchstats.tables(
-        runs, costs, typed(Confidence, args.spec), args.kv_budget))
+        runs, costs, typed(Confidence, args.spec)))
 
 
 def long_stats(args):
@@ -387,6 +387,12 @@ def long_figures(args):
     from . import figures as fg
 
     fg.long_figures(Path(args.stats), Path(args.out))
+
+
+def batched_figures(args):
+    from . import figures as fg
+
+    fg.batched_figures(Path(args.stats), Path(args.out))
 
 
 def settings(args):
@@ -598,8 +604,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the stats directory")
     p.add_argument("--runs", nargs="*", default=[])
     p.add_argument("--costs", nargs="*", default=[], help="the runs' forward timings")
-    p.add_argument("--kv-budget", type=int, help="the self-drafts' view, for runs that predate "
-                                                 "their kv_budget column")
     p.set_defaults(func=batched_stats)
 
     p = verbs.add_parser("long-stats", help="long-context acceptance, speedup, memory tables")
@@ -724,6 +728,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=long_figures)
+    p = verbs.add_parser("batched-figures", help="draw the batched-speculation figures")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=batched_figures)
 
     p = verbs.add_parser("settings", help="record the settings the paper states")
     p.add_argument("--spec", required=True)

@@ -340,6 +340,7 @@ class Batched:
     k: int = 3  # the synchronized K; the scheduler's K* lies in 1..2K
     policy: str = "sink_window"  # the self-speculative draft's sparse view
     kv_budget: int = 32
+    refresh_layer: int | None = None  # the refreshed mode's refresh layer; None: no such mode
     rounds: int = 2
     repeats: int = 2
 
@@ -803,10 +804,17 @@ def check_batched(settings: Settings) -> None:
     for key, name in (("batched.target", b.target), ("batched.draft", b.draft)):
         if name not in settings.models:
             raise DecodelabError(f"config '{key}': no model named {name!r} in 'models'")
+    if b.policy == "retrieval":
+        raise DecodelabError("config 'batched.policy': retrieval selects per layer and head, "
+                             "the batch draws one view per row for every layer; for views "
+                             "chosen by attention, set 'batched.refresh_layer'")
     least = min_budget(b.policy)
     if b.kv_budget < least:
         raise DecodelabError(f"config 'batched.kv_budget': policy {b.policy!r} keeps at least "
                              f"{least} tokens, got {b.kv_budget}")
+    if b.refresh_layer is not None and b.kv_budget < min_budget("retrieval"):
+        raise DecodelabError(f"config 'batched.kv_budget': the refresh layer keeps chunks, at "
+                             f"least {min_budget('retrieval')} tokens, got {b.kv_budget}")
     if b.kv_budget >= min(b.contexts) // 2:
         raise DecodelabError(f"config 'batched.kv_budget': {b.kv_budget} tokens is no sparse "
                              f"view of the shortest prompt ({min(b.contexts) // 2} tokens, half "

@@ -176,7 +176,9 @@ TABLES = (
          per_mode=False),
     # batched speculation (decodelab.batchstats): per backend, batch size and context
     batched("throughput", ("tokens_per_s", "speedup", *CI, "over_synchronized", "sync_ci_low",
-                           "sync_ci_high", "acceptance", "n"), text=("mode",)),
+                           "sync_ci_high", "over_unsynchronized", "unsync_ci_low",
+                           "unsync_ci_high", "acceptance", "refresh_layer", "n"),
+            text=("mode",)),
     batched("costs", ("forward_s", "verify_s", "verify_tokens", "measured_overhead", "t_draft",
                       "t_verify", "overhead", "ceiling")),
     batched("simulator", ("gain", *CI, "best_fixed_k", "adaptive_tokens_per_s",

@@ -199,3 +199,36 @@ rule long_figures:
         out=lambda wc, output: os.path.dirname(output[0]),
     shell:
         "decodelab long-figures --stats {params.stats} --out {params.out} 2> {log}"
+
+
+rule batched_figures:
+    input:
+        expand("results/{{host}}/stats/{table}.csv", table=tables.names("batched")),
+    output:
+        "results/{host}/figures/batched_speedup.pdf",
+        report(
+            "results/{host}/figures/batched_speedup.png",
+            caption="../report/batched.rst",
+            category="Batched speculation",
+            subcategory="{host}",
+        ),
+        "results/{host}/figures/batched_overhead.pdf",
+        report(
+            "results/{host}/figures/batched_overhead.png",
+            caption="../report/batched.rst",
+            category="Batched speculation",
+            subcategory="{host}",
+        ),
+    log:
+        "logs/{host}/batched_figures.log",
+    wildcard_constraints:
+        host=FIGURE_HOSTS,
+    conda:
+        "../../envs/decodelab.yaml"
+    container:
+        job_container
+    params:
+        stats=lambda wc, input: os.path.dirname(input[0]),
+        out=lambda wc, output: os.path.dirname(output[0]),
+    shell:
+        "decodelab batched-figures --stats {params.stats} --out {params.out} 2> {log}"

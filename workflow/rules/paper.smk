@@ -14,6 +14,8 @@ PAPER_FIGURES = [
     "long_acceptance",
     "long_speedup",
     "long_cost",
+    "batched_speedup",
+    "batched_overhead",
 ] + [
     "verification_tokens",
     "verification_pvalues",

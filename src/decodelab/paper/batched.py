@@ -4,7 +4,8 @@ the scheduler alone in the simulator, with intervals over runs (prompt sets x pr
 
     generated/tab_batched.tex  per backend, context and batch size: autoregressive tokens/s,
                                each mode over it, non-synchronized over synchronized
-                               self-speculation, the overhead, the ceiling, the simulator's gain
+                               self-speculation, refreshed over non-synchronized, the overhead,
+                               the ceiling, the simulator's gain
 
 The stage is optional: without rows in batched_throughput.csv \BatchedReady is false and the
 macros read '--'. ASPIRE's own numbers are quoted (`seed.batched_claims`), never matched.
@@ -22,10 +23,11 @@ from .section import Section, placeholders, stage
 from .settings import confidence
 from .tex import NONE, budget_list, ci, human_list, integer, label, sig, tabular
 
-UNSYNC, SELF_SYNC = "unsynchronized", "self_synchronized"
+UNSYNC, SELF_SYNC, REFRESHED = "unsynchronized", "self_synchronized", "refreshed"
 MODE_NAMES = {"self_synchronized": "synchronized self-speculation",
               "synchronized": "synchronized speculation with a draft model",
-              "unsynchronized": "the non-synchronized batch"}
+              "unsynchronized": "the non-synchronized batch",
+              "refreshed": "the non-synchronized batch with a refresh layer"}
 
 
 def span(x: pd.Series) -> str:
@@ -41,6 +43,17 @@ def unsync_sentence(throughput: pd.DataFrame) -> str:
     return (f"{span(rows['over_synchronized'])} times the throughput of synchronized "
             f"self-speculation at the same $K$ budget, its interval above 1 in "
             f"{above(rows, 'sync_ci_low')} cells")
+
+
+def refresh_sentence(throughput: pd.DataFrame) -> str:
+    rows = throughput[throughput["mode"] == REFRESHED]
+    if not len(rows):
+        return "no refresh layer was configured (config \\cmd{batched.refresh\\_layer})"
+    plain = throughput[throughput["mode"] == UNSYNC]
+    return (f"with a refresh layer (layer {integer(rows['refresh_layer'].max())}) the batch "
+            f"reaches {span(rows['over_unsynchronized'])} times its throughput without one, "
+            f"the interval above 1 in {above(rows, 'unsync_ci_low')} cells; its drafts are "
+            f"accepted at {span(rows['acceptance'])} against {span(plain['acceptance'])}")
 
 
 def autoregressive_sentence(throughput: pd.DataFrame) -> str:
@@ -80,19 +93,20 @@ def simulator_sentence(simulator: pd.DataFrame) -> str:
 
 def batched_table(throughput: pd.DataFrame, costs: pd.DataFrame, simulator: pd.DataFrame,
                   level: str) -> str:
-    spec, empty = "@{}lrrrrrrlrrr@{}", "no batched runs in this build"
+    spec = "@{}lrrrrrrlrrrr@{}"
     header = [r"Backend & $L$ & $B$ & AR tok/s & self-sync & sync & non-sync & "
-              rf"non-sync / self-sync ({level} CI) & overhead & ceiling & sim. gain \\"]
+              rf"non-sync / self-sync ({level} CI) & refresh & overhead & ceiling & "
+              r"sim. gain \\"]
     if not len(throughput):
-        return tabular(spec, header, [], empty)
+        return tabular(spec, header, [], "no batched runs in this build")
     keys = ["backend", "context", "batch"]
     by_mode = {mode: g.set_index(keys) for mode, g in throughput.groupby("mode")}
     cost = costs.set_index(keys)
     mixed = simulator[simulator["scenario"] == "mixed"].set_index(keys)
     rows = []
 
-    def mode(name, key):
-        return sig(by_mode[name].loc[key, "speedup"]) if name in by_mode else NONE
+    def mode(name, key, column="speedup"):
+        return sig(by_mode[name].loc[key, column]) if name in by_mode else NONE
 
     for key in sorted(by_mode.get("autoregressive", pd.DataFrame()).index):
         unsync = by_mode.get(UNSYNC)
@@ -102,12 +116,11 @@ def batched_table(throughput: pd.DataFrame, costs: pd.DataFrame, simulator: pd.D
         rows.append([label(key[0]), integer(key[1]), integer(key[2]),
                      sig(by_mode["autoregressive"].loc[key, "tokens_per_s"]),
                      mode(SELF_SYNC, key), mode("synchronized", key), mode(UNSYNC, key), over,
+                     mode(REFRESHED, key, "over_unsynchronized"),
                      sig(cost.loc[key, "overhead"]) if key in cost.index else NONE,
                      sig(cost.loc[key, "ceiling"]) if key in cost.index else NONE,
                      sig(mixed.loc[key, "gain"]) if key in mixed.index else NONE])
-    header = [r"Backend & $L$ & $B$ & AR tok/s & self-sync & sync & non-sync & "
-              rf"non-sync / self-sync ({level} CI) & overhead & ceiling & sim. gain \\"]
-    return tabular("@{}lrrrrrrlrrr@{}", header, rows, empty)
+    return tabular(spec, header, rows, "no batched runs in this build")
 
 
 def built(throughput: pd.DataFrame, costs: pd.DataFrame, simulator: pd.DataFrame,
@@ -122,6 +135,7 @@ def built(throughput: pd.DataFrame, costs: pd.DataFrame, simulator: pd.DataFrame
         "BatchedRuns": integer(throughput["n"].max()) if ran else NONE,
         "BatchedUnsyncSentence": unsync_sentence(throughput) if ran else NONE,
         "BatchedArSentence": autoregressive_sentence(throughput) if ran else NONE,
+        "BatchedRefreshSentence": refresh_sentence(throughput) if ran else NONE,
         "BatchedOverheadSentence": overhead_sentence(costs) if len(costs) else NONE,
         "BatchedSimulatorSentence": simulator_sentence(simulator) if len(simulator) else NONE,
     }
