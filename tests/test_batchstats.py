@@ -66,6 +66,11 @@ def test_the_stage_verbs_write_every_table(tiny_pair, tmp_path):
     assert section.files["tab_batched.tex"].count(r"CPU & ") == 4
 
 
+def test_a_rounding_error_above_one_is_no_interval_above_one():
+    rows = pd.DataFrame({"ci_low": [1 + 1e-14, 1.01, 0.9], "ci_high": [1.2, 1.3, 1 - 1e-14]})
+    assert paper_batched.above(rows) == "1 of 3" and paper_batched.below(rows) == "0 of 3"
+
+
 def test_one_run_gives_no_interval():
     assert np.isnan(batchstats.mean_ci(np.array([1.2]), CI)[1:]).all()
 

@@ -34,8 +34,15 @@ def span(x: pd.Series) -> str:
     return f"{sig(x.min())} to {sig(x.max())}" if len(x) else NONE
 
 
+TIE = 1e-9  # a ratio of equal throughputs can land a rounding error above or below 1
+
+
 def above(rows: pd.DataFrame, low: str = "ci_low") -> str:
-    return f"{int((rows[low] > 1).sum())} of {len(rows)}"
+    return f"{int((rows[low] > 1 + TIE).sum())} of {len(rows)}"
+
+
+def below(rows: pd.DataFrame, high: str = "ci_high") -> str:
+    return f"{int((rows[high] < 1 - TIE).sum())} of {len(rows)}"
 
 
 def unsync_sentence(throughput: pd.DataFrame) -> str:
@@ -52,8 +59,9 @@ def refresh_sentence(throughput: pd.DataFrame) -> str:
     plain = throughput[throughput["mode"] == UNSYNC]
     return (f"with a refresh layer (layer {integer(rows['refresh_layer'].max())}) the batch "
             f"reaches {span(rows['over_unsynchronized'])} times its throughput without one, "
-            f"the interval above 1 in {above(rows, 'unsync_ci_low')} cells; its drafts are "
-            f"accepted at {span(rows['acceptance'])} against {span(plain['acceptance'])}")
+            f"the interval above 1 in {above(rows, 'unsync_ci_low')} cells and below 1 in "
+            f"{below(rows, 'unsync_ci_high')}; its drafts are accepted at "
+            f"{span(rows['acceptance'])} against {span(plain['acceptance'])}")
 
 
 def autoregressive_sentence(throughput: pd.DataFrame) -> str:
