@@ -144,6 +144,7 @@ def settings_with(**batched) -> Settings:
     ({"policy": "random_chunks", "kv_budget": 16}, "keeps at least 23"),
     ({"policy": "retrieval", "kv_budget": 32}, "batched.policy': retrieval selects per layer"),
     ({"refresh_layer": 0, "kv_budget": 16}, "refresh layer keeps chunks, at least 23"),
+    ({"refresh_layer": 6}, "batched.refresh_layer': layer 6 of 'target', a model of 6 layers"),
 ])
 def test_bad_batched_sections_name_their_key(edit, match):
     with pytest.raises(DecodelabError, match=match):

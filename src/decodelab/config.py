@@ -20,7 +20,13 @@ from .errors import DecodelabError
 from .hosts import MANIFEST, RESERVED
 from .kv_layout import min_budget
 from .names import NAME_RULE, is_valid_name
-from .shapes import PRESETS, declared_positions, position_overrun, preset_positions
+from .shapes import (
+    PRESETS,
+    declared_layers,
+    declared_positions,
+    position_overrun,
+    preset_positions,
+)
 
 
 def frozen(value):
@@ -812,6 +818,10 @@ def check_batched(settings: Settings) -> None:
     if b.kv_budget < least:
         raise DecodelabError(f"config 'batched.kv_budget': policy {b.policy!r} keeps at least "
                              f"{least} tokens, got {b.kv_budget}")
+    layers = declared_layers(settings.models[b.target])
+    if b.refresh_layer is not None and layers is not None and b.refresh_layer >= layers:
+        raise DecodelabError(f"config 'batched.refresh_layer': layer {b.refresh_layer} of "
+                             f"{b.target!r}, a model of {layers} layers (0..{layers - 1})")
     if b.refresh_layer is not None and b.kv_budget < min_budget("retrieval"):
         raise DecodelabError(f"config 'batched.kv_budget': the refresh layer keeps chunks, at "
                              f"least {min_budget('retrieval')} tokens, got {b.kv_budget}")

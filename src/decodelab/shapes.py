@@ -57,6 +57,15 @@ def preset_positions(preset: str) -> int | None:
     return POSITIONS[PRESETS[check_preset(preset)][0]]
 
 
+def declared_layers(spec: dict) -> int | None:
+    """Layers of a model spec that says them (`train`'s n_layer, an `init` preset's); None
+    otherwise (a hub or local model says them only once fetched)."""
+    if spec.get("source") == "init" and spec.get("preset") in PRESETS:
+        shape = PRESETS[spec["preset"]][1]
+        return shape.get("n_layer", shape.get("num_hidden_layers"))
+    return spec.get("n_layer") if spec.get("source") == "train" else None
+
+
 def max_positions(config) -> int | None:
     """Rows of a learned position table; None for position schemes without a limit (ALiBi,
     RoPE)."""
