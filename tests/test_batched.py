@@ -111,8 +111,8 @@ def test_the_refresh_layer_reads_everything_and_the_others_its_choice(model, mon
 
     def spy(self, module, query, key, value, attention_mask, **kwargs):
         state = (self.full.clone(), self.committed.clone(), self.drafting.clone())
-        seen.append((state, module.layer_idx, self.mask(module.layer_idx), query, key,
-                     kwargs.get("scaling")))
+        seen.append((state, module.layer_idx, self.mask(module.layer_idx, attention_mask),
+                     query, key, kwargs.get("scaling")))
         return original(self, module, query, key, value, attention_mask, **kwargs)
 
     monkeypatch.setattr(refresh.RefreshLayer, "attention", spy)
@@ -133,12 +133,10 @@ def test_the_refresh_layer_reads_everything_and_the_others_its_choice(model, mon
             assert visible[at][row, :slots].equal(full[row])
             _, _, _, query, key, scaling = calls[at]
             q = query[row, :, 0].float()
-            k = key[row, :, committed].float().repeat_interleave(q.shape[0] // key.shape[1], 0)
             allowed = full[row].nonzero()[:, 0]
             scores = torch.stack([(q[h] @ key[row, h * key.shape[1] // q.shape[0]][allowed].T)
                                   * scaling for h in range(q.shape[0])]).softmax(-1)
             mass = scores[:, torch.isin(allowed, committed)].sum(0)
-            assert k.shape[1] == len(mass)
             after = visible[-1][row, :slots] & committed_slots[row]
             n, window = len(committed), refresh.MIN_BUDGET
             if n <= window:

@@ -33,11 +33,10 @@ from .config import GREEDY, Sampling
 from .decode import cache_kwarg, new_cache
 from .devices import now
 from .errors import DecodelabError
-from .kv_layout import SINK
 from .models import require_finite
 from .refresh import RefreshLayer, ranks
 from .sampling import greedy_accept, speculative_accept, warp
-from .sparse_kv import Policy
+from .sparse_kv import Policy, sink_window
 from .speculative import Result, check_vocab, device_of, draw
 
 SLACK = 32  # unused slots tolerated beyond the fullest row before the cache is compacted
@@ -340,8 +339,8 @@ def draft_context(rows: Rows, policy: Policy, drafting: torch.Tensor) -> torch.T
     if policy.name == "full":
         view = rows.committed
     elif policy.name == "sink_window":
-        rank, n = ranks(rows.committed), rows.committed.sum(1, keepdim=True)
-        view = rows.committed & ((rank < SINK) | (rank >= n - (policy.budget - SINK)))
+        n = rows.committed.sum(1, keepdim=True)
+        view = rows.committed & sink_window(ranks(rows.committed), n, policy.budget)
     else:
         view = torch.stack([sparse_context(rows, r, policy) if drafting[r]
                             else rows.committed[r] for r in range(len(drafting))])

@@ -55,8 +55,7 @@ def mean_ci(x: np.ndarray, ci: Confidence) -> tuple[float, float, float]:
     return stats.mean_ci(x, ci, least=2)
 
 
-def throughput_table(raw: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
-    runs = raw
+def throughput_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     run_keys = [*KEYS, "process", "round"]
     by_run = runs.pivot_table(index=run_keys, columns="mode", values="tokens_per_s")
     rows = []

@@ -98,6 +98,11 @@ def modes(spec: dict) -> tuple[str, ...]:
     return MODES if spec.get("refresh_layer") is None else (*MODES, REFRESHED)
 
 
+def refresh_of(mode: str, spec: dict) -> int | None:
+    """The mode's refresh layer: only the refreshed mode has one."""
+    return spec["refresh_layer"] if mode == REFRESHED else None
+
+
 def run_mode(mode: str, target, draft, batch_prompts, spec: dict, policy: Policy,
              cost: CostModel) -> batched.Batch:
     budget, k = spec["budget"], spec["k"]
@@ -110,7 +115,7 @@ def run_mode(mode: str, target, draft, batch_prompts, spec: dict, policy: Policy
     context = max(map(len, batch_prompts))
     return batched.unsynchronized(target, batch_prompts, budget,
                                   scheduled(cost, len(batch_prompts), context, 2 * k), policy,
-                                  refresh=spec["refresh_layer"] if mode == REFRESHED else None)
+                                  refresh=refresh_of(mode, spec))
 
 
 def throughput_rows(target, draft, target_dir: str, spec: dict, process: int, cost: CostModel
@@ -126,7 +131,7 @@ def throughput_rows(target, draft, target_dir: str, spec: dict, process: int, co
                     out = run_mode(mode, target, draft, batch_prompts, spec, policy, cost)
                     accepted = sum(sum(r.accepted) for r in out.rows)
                     proposed = sum(r.proposed for r in out.rows)
-                    refresh = spec.get("refresh_layer") if mode == REFRESHED else None
+                    refresh = refresh_of(mode, spec)
                     rows.append({"mode": mode, "batch": b, "context": context, "k": k,
                                  "policy": policy.name, "kv_budget": policy.budget,
                                  "refresh_layer": np.nan if refresh is None else refresh,

@@ -818,17 +818,22 @@ def check_batched(settings: Settings) -> None:
     if b.kv_budget < least:
         raise DecodelabError(f"config 'batched.kv_budget': policy {b.policy!r} keeps at least "
                              f"{least} tokens, got {b.kv_budget}")
-    layers = declared_layers(settings.models[b.target])
-    if b.refresh_layer is not None and layers is not None and b.refresh_layer >= layers:
-        raise DecodelabError(f"config 'batched.refresh_layer': layer {b.refresh_layer} of "
-                             f"{b.target!r}, a model of {layers} layers (0..{layers - 1})")
-    if b.refresh_layer is not None and b.kv_budget < min_budget("retrieval"):
-        raise DecodelabError(f"config 'batched.kv_budget': the refresh layer keeps chunks, at "
-                             f"least {min_budget('retrieval')} tokens, got {b.kv_budget}")
+    if b.refresh_layer is not None:
+        check_refresh_layer(b, declared_layers(settings.models[b.target]))
     if b.kv_budget >= min(b.contexts) // 2:
         raise DecodelabError(f"config 'batched.kv_budget': {b.kv_budget} tokens is no sparse "
                              f"view of the shortest prompt ({min(b.contexts) // 2} tokens, half "
                              f"the shortest of 'batched.contexts'); make it smaller")
+
+
+def check_refresh_layer(b: Batched, layers: int | None) -> None:
+    """A layer the target has (when its spec says how many), and a budget of whole chunks."""
+    if layers is not None and b.refresh_layer >= layers:
+        raise DecodelabError(f"config 'batched.refresh_layer': layer {b.refresh_layer} of "
+                             f"{b.target!r}, a model of {layers} layers (0..{layers - 1})")
+    if b.kv_budget < min_budget("retrieval"):
+        raise DecodelabError(f"config 'batched.kv_budget': the refresh layer keeps chunks, at "
+                             f"least {min_budget('retrieval')} tokens, got {b.kv_budget}")
 
 
 def check_engines(settings: Settings) -> None:

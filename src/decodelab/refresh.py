@@ -23,7 +23,8 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .errors import DecodelabError
-from .kv_layout import CHUNK, WINDOW, min_budget
+from .kv_layout import CHUNK, min_budget
+from .sparse_kv import chunk_layout
 
 ATTENTION = "decodelab_refresh"
 MIN_BUDGET = min_budget("retrieval")  # the chunked layout
@@ -51,8 +52,7 @@ def chunk_view(mass: torch.Tensor, committed: torch.Tensor, budget: int) -> torc
     chunks of most mass, the recent tail (`sparse_kv.chunk_layout`, per row at once, no host
     sync); every committed slot of a row whose tokens fit the budget."""
     rank, n = ranks(committed), committed.sum(1, keepdim=True)
-    tail = WINDOW + (n - WINDOW).clamp_min(0) % CHUNK
-    prefix, picks = n - tail, (budget - tail) // CHUNK
+    prefix, picks = chunk_layout(n, budget)
     chunk = rank.clamp_min(0) // CHUNK
     in_prefix = committed & (rank < prefix)
     scores = mass.new_zeros(len(mass), committed.shape[1] // CHUNK + 1).scatter_add_(
@@ -83,17 +83,20 @@ class RefreshLayer:
 
     def prepare(self, before: torch.Tensor, full: torch.Tensor, drafting: torch.Tensor,
                 committed: torch.Tensor, mask_of: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Contexts [B, S] of the next forward: `before` for the layers before the refresh layer,
-        `full` for it; `drafting` [B] the rows whose view is re-selected among their
-        `committed` [B, S] slots; `mask_of` turns a context into that forward's mask."""
+        """Contexts [B, S] of the next forward: `before`, the forward's own, for the layers
+        before the refresh layer, `full` for it; `drafting` [B] the rows whose view is
+        re-selected among their `committed` [B, S] slots; `mask_of` turns a context into that
+        forward's mask."""
         self.before, self.full, self.drafting = before, full, drafting
         self.committed, self.mask_of = committed, mask_of
-        self.masks = {"before": mask_of(before), "full": mask_of(full)}
+        self.masks = {"full": mask_of(full)}
 
-    def mask(self, layer: int) -> torch.Tensor:
-        if layer == self.layer:
-            return self.masks["full"]
-        return self.masks["before" if layer < self.layer else "after"]
+    def mask(self, layer: int, given: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s mask; `given`, the forward's own (of `before`), for the layers
+        before the refresh layer."""
+        if layer < self.layer:
+            return given
+        return self.masks["full" if layer == self.layer else "after"]
 
     def reselect(self, query: torch.Tensor, keys: torch.Tensor, scaling: float) -> None:
         """From the refresh layer's queries and keys: every drafting row's new context."""
@@ -105,7 +108,7 @@ class RefreshLayer:
                                                        self.before))
 
     def attention(self, module, query, key, value, attention_mask, **kwargs):
-        mask = self.mask(module.layer_idx)
+        mask = self.mask(module.layer_idx, attention_mask)
         out = self.original(module)(module, query, key, value, mask, **kwargs)
         if module.layer_idx == self.layer:
             self.reselect(query, key, kwargs.get("scaling") or query.shape[-1] ** -0.5)

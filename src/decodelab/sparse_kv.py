@@ -56,8 +56,8 @@ class Policy:
         if self.name == "full" or self.budget >= n:
             return [positions(torch.arange(n), k) for k in keys]
         if self.name == "sink_window":
-            kept = torch.cat([torch.arange(SINK), torch.arange(n - (self.budget - SINK), n)])
-            return [positions(kept, k) for k in keys]
+            every = torch.arange(n)
+            return [positions(every[sink_window(every, n, self.budget)], k) for k in keys]
         prefix, picks = chunk_layout(n, self.budget)
         if self.name == "retrieval":
             if queries is None:
@@ -68,14 +68,21 @@ class Policy:
                 for k in keys]
 
 
+def sink_window(position: torch.Tensor, n, budget: int) -> torch.Tensor:
+    """Which true positions (of a context of n tokens) sink + window keeps: the first SINK and
+    the latest budget - SINK; every one when n fits the budget. `n` may be a tensor of rows."""
+    return (position < SINK) | (position >= n - (budget - SINK))
+
+
 def positions(kept: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """One index set for every KV head of a layer: [h_kv, n] on the keys' device."""
     return kept.to(keys.device)[None].expand(keys.shape[0], -1)
 
 
-def chunk_layout(n: int, budget: int) -> tuple[int, int]:
+def chunk_layout(n, budget: int):
     """(prefix length in whole chunks, chunks to keep from it): the tail after the prefix is the
-    recent window plus the partial chunk before it, which the budget always covers."""
+    recent window plus the partial chunk before it, which the budget always covers. `n` an int,
+    or a tensor of per-row lengths (both come back as tensors then)."""
     tail = WINDOW + (n - WINDOW) % CHUNK
     return n - tail, (budget - tail) // CHUNK
 
