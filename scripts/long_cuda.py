@@ -129,6 +129,9 @@ def main() -> None:
     parser.add_argument("--config", default="config/long.yaml")
     parser.add_argument("--documents", type=int, help="instead of config long.documents")
     parser.add_argument("--ks", type=int, nargs="+", help="instead of config long.ks")
+    parser.add_argument("--document-tokens", type=int, help="draw documents of at least this "
+                        "many tokens (default the longest --lengths): the same documents at "
+                        "every length when each call runs one")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     deadline = Deadline(args.deadline)
@@ -137,7 +140,8 @@ def main() -> None:
     if TARGET not in ready:
         log("no target: no study")
         return
-    shrink = {k: v for k, v in (("documents", args.documents), ("ks", args.ks)) if v}
+    shrink = {k: v for k, v in (("documents", args.documents), ("ks", args.ks),
+                                ("document_tokens", args.document_tokens)) if v}
     raw = run_study(settings, args.models, args.out, [d for d in DRAFTERS if d in ready],
                     SMOKE_LENGTHS if args.smoke else args.lengths, shrink, deadline, args.smoke)
     if raw:

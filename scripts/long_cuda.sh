@@ -18,7 +18,7 @@ models=${MODELS:-/tmp/long_cuda_models}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 if ! $python -c "import jsonschema" 2>/dev/null && ls .whl/jsonschema-*.whl >/dev/null 2>&1; then
   $python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-schema \
-    .whl/jsonschema-*.whl .whl/jsonschema_specifications-*.whl .whl/referencing-*.whl .whl/rpds_py-*.whl
+    .whl/*.whl
   export PYTHONPATH=/tmp/site-schema:$PYTHONPATH
 fi
 left() { echo $((deadline - SECONDS - $1)); }

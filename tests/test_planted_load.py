@@ -30,19 +30,12 @@ SWEEP = {"models": ["gpt2-tiny"], "budgets": list(range(64, 209, 16)), "prompt_l
          "repeats": 2, "inner_repeats": 3, "warmup": 3}
 
 
-# Two processes give their cv a rough estimate: 26-36% was seen between two quiet processes of
-# these cache-on decodes on this VM (a clean-clone CI run failed the quiet arm on it alone). The
-# loaded arm is judged by the background CPU share (50-67% under the planted load), not by it.
-ROUGH_BETWEEN = {"cv_between": 0.5}
-
 
 def configure(workdir: Path, host: str) -> Path:
     """The default config cut to the tiny sweep on the CPU (no speculative pair runs here)."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     cuda_only = {"cuda-cuda": config["speculative"]["pairs"]["cuda-cuda"]}
-    stability = config["stats"]["stability"] | ROUGH_BETWEEN
     config |= {"host": host, "backends": ["cpu"], "sweep": config["sweep"] | SWEEP,
-               "stats": config["stats"] | {"stability": stability},
                "speculative": config["speculative"] | {"pairs": cuda_only},
                "verification": config["verification"] | {"pairs": ["cuda-cuda"]}}
     path = workdir / f"{host}.yaml"
@@ -101,7 +94,7 @@ def test_a_planted_load_makes_the_sweep_unstable_and_the_abstract_warn(workdir):
         measure(workdir, "loaded")
         assert all(loop.poll() is None for loop in loops), "the load ended before the sweep"
     summary, verdict, log = judged(workdir, "loaded")
-    assert summary["noisy"] and summary["stable_share"] <= 0.5, summary.to_dict()  # 0-10% seen
+    assert summary["noisy"] and summary["stable_share"] <= 0.2, summary.to_dict()  # 0-17% seen
     assert verdict.startswith(r"\textbf{This build was noisy:}")
     assert r"\cmd{make remeasure} re-measures only the noisy jobs" in verdict
     jobs = stability.files_to_remeasure([workdir / "results/loaded/stats/stability.csv"])

@@ -159,6 +159,50 @@ def test_one_process_has_no_cv_between_processes_and_is_judged_on_the_rest():
     assert not judged(raw_runs(n_proc=1, busy={0: 0.5}))["stable"].any()
 
 
+DEFAULT = Stability()  # config.yaml's: cv between processes 25%, judged by its lower 90% bound
+
+
+@pytest.mark.parametrize("factors", [(1.0, 1.45), (1.0, 1.35, 0.75), (1.0, 1.45, 0.72)])
+def test_quiet_processes_a_third_apart_are_stable_by_the_bound_not_the_estimate(factors):
+    # The quiet 2-core VM: three quiet processes 27-36% apart, two 26-34% (stop 16, 2026-12-02).
+    verdict = judged(raw_runs(n_proc=len(factors), slow=dict(enumerate(factors))), DEFAULT)
+    assert (verdict["cv_between"] > DEFAULT.cv_between).all()  # the point estimate crosses
+    assert (verdict["cv_between_low"] < DEFAULT.cv_between).all() and verdict["stable"].all()
+
+
+@pytest.mark.parametrize("n_proc", [2, 3])
+def test_one_process_three_times_slower_still_crosses_the_bound(n_proc):
+    verdict = judged(raw_runs(n_proc=n_proc, slow={n_proc - 1: 3.0}), DEFAULT)
+    assert not verdict["stable"].any()
+    assert verdict["unstable_reason"].str.match(
+        r"cv between processes (6[89]|7\d)% > 25% \(lower 90% bound [45]\d%\)").all()
+
+
+def test_the_bound_is_the_chi_square_bound_and_tightens_with_processes():
+    cvs, dof = pd.Series([0.3, 0.3, 0.3]), pd.Series([1, 2, 30])
+    low = stability.cv_lower_bound(cvs, dof, 0.9)
+    assert np.allclose(low, 0.3 * np.sqrt(dof / np.array([2.7055, 4.6052, 40.256])), rtol=1e-3)
+    assert low.is_monotonic_increasing and low.iloc[-1] < 0.3
+    assert stability.cv_lower_bound(pd.Series([0.3]), pd.Series([0]), 0.9).isna().all()
+
+
+def test_the_bound_flags_a_true_spread_past_the_limit_and_spares_one_below_it():
+    """Processes whose medians scatter log-normally with a true cv of 10% (below 25%) are flagged
+    in under 5% of 400 seeds at 3 processes; a true cv of 60% in most of them (the bound's power),
+    and a true 35% more often with 8 processes than with 3 (it tightens with more)."""
+    def flagged(true_cv: float, n_proc: int) -> float:
+        rng = np.random.default_rng(int(true_cv * 100) + n_proc)
+        sigma = np.sqrt(np.log1p(true_cv ** 2))
+        medians = pd.DataFrame(rng.lognormal(0, sigma, (400, n_proc)))
+        cvs = medians.std(axis=1, ddof=1) / medians.mean(axis=1)
+        low = stability.cv_lower_bound(cvs, pd.Series(n_proc - 1, index=cvs.index), 0.9)
+        return float((low > DEFAULT.cv_between).mean())
+
+    assert flagged(0.10, 3) < 0.05
+    assert flagged(0.60, 3) > 0.5
+    assert flagged(0.35, 8) > flagged(0.35, 3)
+
+
 def test_old_raw_runs_without_machine_columns_are_judged_on_spread_alone():
     quiet, slow = judged(raw_runs(machine=False)), judged(raw_runs(machine=False, slow={0: 3.0}))
     assert quiet["background"].isna().all() and quiet["stable"].all()

@@ -64,7 +64,8 @@ class Stability:
     docstring of `decodelab.stability`), so the spread limits are wider and the background
     share does most of the work."""
 
-    cv_between: float = 0.25       # of the per-process medians
+    cv_between: float = 0.25       # of the per-process medians, judged by its lower bound:
+    cv_between_confidence: float = 0.9  # one-sided, from 2-3 processes (decodelab.stability)
     cv_within: float = 0.35        # of the inner repeats inside one process
     max_over_median: float = 2.0   # the largest raw value over the median
     background: float = 0.15       # CPU share taken by other work (or stolen by a hypervisor)

@@ -166,7 +166,10 @@ def run(target_dir: str, target_name: str, drafter_dirs: dict[str, str], backend
     job = machine.Job()
     target = models.load(target_dir, backend, spec["dtype"], role="target")
     drafters = load_drafters(drafter_dirs, spec, backend)
-    docs = heldout_documents(target_dir, spec["documents"], max(spec["lengths"]), spec["seed"])
+    # Documents long enough for `document_tokens` (default the longest L): a run of one length
+    # alone then draws the documents the whole grid would.
+    shortest = spec.get("document_tokens") or max(spec["lengths"])
+    docs = heldout_documents(target_dir, spec["documents"], shortest, spec["seed"])
     grid = make_grid(spec)
     shuffle_seed = spec["seed"] + 7919 * repeat
     random.Random(shuffle_seed).shuffle(grid)

@@ -94,7 +94,8 @@ STABLE, REASON = ("stable",), ("unstable_reason",)
 NOT_JUDGED = "not judged (no stability verdict: results from before it)"
 SWEEP_KEYS = ("experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache",
               "budget", "metric")
-SPREADS = ("processes", "cv_between", "cv_within", "max_over_median", "background", "load_max")
+SPREADS = ("processes", "cv_between", "cv_within", "max_over_median", "background",
+           "cv_between_low", "load_max")
 
 
 def verdicts(study: str, numeric: tuple[str, ...], text: tuple[str, ...],
