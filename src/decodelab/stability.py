@@ -155,13 +155,18 @@ def formatted(value: float, kind: str, digits: int = 0) -> str:
     return f"{value:.{digits}%}" if kind == "percent" else f"{value:.{digits + 2}f}"
 
 
-def crossed(value: float, limit: float, kind: str) -> str:
-    """"23% > 10%", with a digit more where rounding would print "10% > 10%"."""
+def distinct(value: float, limit: float, kind: str) -> tuple[str, str]:
+    """Both formatted, with a digit more where rounding would print them alike."""
     for digits in range(4):
         shown, limit_shown = formatted(value, kind, digits), formatted(limit, kind, digits)
         if shown != limit_shown:
             break
-    return f"{shown} > {limit_shown}"
+    return shown, limit_shown
+
+
+def crossed(value: float, limit: float, kind: str) -> str:
+    """"23% > 10%", with a digit more where rounding would print "10% > 10%"."""
+    return " > ".join(distinct(value, limit, kind))
 
 
 def reason(row, limits: Stability) -> str:
@@ -174,7 +179,7 @@ def reason(row, limits: Stability) -> str:
         judged = row[f"{column}_low"] if bounded else value
         if judged > limit:  # NaN (not measurable, not recorded) crosses nothing
             bound = (f" (lower {limits.cv_between_confidence:.0%} bound "
-                     f"{formatted(judged, kind)})" if bounded else "")
+                     f"{distinct(judged, limit, kind)[0]})" if bounded else "")
             found.append(f"{words} {crossed(value, limit, kind)}{bound}")
     return "; ".join(found)
 
