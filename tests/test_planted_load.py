@@ -94,7 +94,9 @@ def test_a_planted_load_makes_the_sweep_unstable_and_the_abstract_warn(workdir):
         measure(workdir, "loaded")
         assert all(loop.poll() is None for loop in loops), "the load ended before the sweep"
     summary, verdict, log = judged(workdir, "loaded")
-    assert summary["noisy"] and summary["stable_share"] <= 0.2, summary.to_dict()  # 0-17% seen
+    # 0-17% seen in five runs: the background share catches nearly every configuration; every
+    # job noisy and named (below) is the stronger check
+    assert summary["noisy"] and summary["stable_share"] <= 0.3, summary.to_dict()
     assert verdict.startswith(r"\textbf{This build was noisy:}")
     assert r"\cmd{make remeasure} re-measures only the noisy jobs" in verdict
     jobs = stability.files_to_remeasure([workdir / "results/loaded/stats/stability.csv"])
