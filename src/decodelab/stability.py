@@ -32,7 +32,7 @@ background 2-5%) differed by 27-36% at five of bloom-tiny's nine budgets, re-mea
 a point estimate against 25% called a quiet build noisy and `make remeasure` never converged. So
 the cv between processes crosses its limit only when its one-sided lower bound does: with d = n
 - 1 and (n - 1) s^2 / sigma^2 ~ chi-square(d) for normal medians, cv * sqrt(d / chi2_q(d)), q
-the confidence (0.9: 0.61 x the cv at 2 processes, 0.66 x at 3, 0.80 x at 6). One process 3x
+the confidence (0.9: 0.61 x the cv at 2 processes, 0.66 x at 3, 0.74 x at 6). One process 3x
 slower than the others (cv 69-71%) still crosses 25% at 2 or 3 processes. The within cv
 was the worst process's, from d = 1 at the default's 2 inner repeats: the quiet default run
 (commit 513a3a3; inner repeats scattered +-20%, their ratio 0.82-1.28 at the 10th-90th
