@@ -21,7 +21,7 @@ dry_run() {  # $1: the workflow's directory; prints the seconds one dry run took
   (cd "$1" && PYTHONPATH="$1/src" "$snakemake" -n --quiet >/dev/null 2>&1) \
     || { echo "snakemake -n failed in $1" >&2; exit 1; }
   end=$(date +%s.%N)
-  echo "$end - $start" | bc
+  awk -v a="$start" -v b="$end" 'BEGIN { print b - a }'
 }
 
 rows=()

@@ -30,7 +30,6 @@ SWEEP = {"models": ["gpt2-tiny"], "budgets": list(range(64, 209, 16)), "prompt_l
          "repeats": 2, "inner_repeats": 3, "warmup": 3}
 
 
-
 def configure(workdir: Path, host: str) -> Path:
     """The default config cut to the tiny sweep on the CPU (no speculative pair runs here)."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
