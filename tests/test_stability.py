@@ -99,9 +99,10 @@ def test_steal_counts_as_background():
 def test_spread_within_a_process_and_an_outlier_value():
     runs = raw_runs()
     first = (runs["inner"] == 0) & (runs["repeat"] == 0)
-    runs.loc[first, "total_s"] *= 1.3  # one process's first repeats: within-process cv 18%
+    runs.loc[first, "total_s"] *= 1.6  # one process's first repeats: pooled cv 22-23%
     verdict = judged(runs)
-    assert verdict["unstable_reason"].str.contains(r"cv within a process 1\d% > 10%").all()
+    assert verdict["unstable_reason"].str.contains(
+        r"cv within a process 2\d% > 10% \(lower 90% bound 1\d%\)").all()
     assert verdict["stable"].sum() == 0
     runs = raw_runs(n_proc=5)
     one = (runs["inner"] == 0) & (runs["repeat"] == 0)
@@ -140,6 +141,31 @@ def test_a_quiet_scatter_of_20_percent_passes_at_the_defaults_repeats_and_a_load
     # Without the machine's columns, a load that doubles the scatter still shows in the spread.
     disturbed = default_build(0, busy=np.nan, noise=3 * QUIET_SCATTER)
     assert disturbed["noisy"].all()
+
+
+def within_scatter(factor: float, processes: int = 3) -> pd.DataFrame:
+    """The default's sweep rows of one model with every process's first inner repeat `factor`
+    times its second: the pooled cv within a process is then the same at every budget."""
+    settings = load_settings(ROOT / "config.yaml")
+    runs = raw_runs(n_proc=processes, inner=settings.sweep.inner_repeats, noise=0.0)
+    runs.loc[runs["inner"] == 0, "total_s"] *= factor
+    return stability.verdicts(runs, stats.SWEEP, settings.stability)
+
+
+def test_a_within_cv_past_its_limit_by_sampling_error_alone_is_judged_by_its_bound():
+    quiet = within_scatter(1.8)  # pooled cv 40% from 3 x 1 degrees of freedom: bound 28%
+    assert (quiet["cv_within"] > 0.35).all() and (quiet["cv_within_low"] < 0.35).all()
+    assert quiet["stable"].all()
+    disturbed = within_scatter(3.0)  # repeats 3x apart in every process: pooled cv 71%
+    assert (disturbed["cv_within_low"] > 0.35).all() and not disturbed["stable"].any()
+    assert disturbed["unstable_reason"].str.contains("cv within a process .* bound").all()
+
+
+def test_the_within_bound_counts_the_pooled_degrees_of_freedom():
+    three, nine = (v["cv_within_low"].iloc[0] / v["cv_within"].iloc[0]
+                   for v in (within_scatter(1.8, n) for n in (3, 9)))
+    assert three == pytest.approx(np.sqrt(3 / stability.chi2.ppf(0.9, 3)), rel=0.02)
+    assert nine == pytest.approx(np.sqrt(9 / stability.chi2.ppf(0.9, 9)), rel=0.02)
 
 
 def test_a_reason_never_reads_as_its_limit():

@@ -66,7 +66,8 @@ class Stability:
 
     cv_between: float = 0.25       # of the per-process medians, judged by its lower bound:
     cv_between_confidence: float = 0.9  # one-sided, from 2-3 processes (decodelab.stability)
-    cv_within: float = 0.35        # of the inner repeats inside one process
+    cv_within: float = 0.35        # of the inner repeats inside one process, pooled over the
+    cv_within_confidence: float = 0.9  # processes, judged by its lower bound too
     max_over_median: float = 2.0   # the largest raw value over the median
     background: float = 0.15       # CPU share taken by other work (or stolen by a hypervisor)
     noisy_share: float = 0.2       # a job is noisy above this share of unstable configurations

@@ -95,7 +95,7 @@ NOT_JUDGED = "not judged (no stability verdict: results from before it)"
 SWEEP_KEYS = ("experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache",
               "budget", "metric")
 SPREADS = ("processes", "cv_between", "cv_within", "max_over_median", "background",
-           "cv_between_low", "load_max")
+           "cv_between_low", "cv_within_low", "load_max")
 
 
 def verdicts(study: str, numeric: tuple[str, ...], text: tuple[str, ...],
