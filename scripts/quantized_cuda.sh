@@ -11,6 +11,8 @@
 # results/reference/cuda-h200/quantized/ (raw/, stats/, logs/, commands.sh, env.txt) and, when
 # it was built here, the wheel.
 # Usage: scripts/quantized_cuda.sh SECONDS [--no-build]   (--no-build: the installed llama_cpp)
+# Shorter calls: DECODELAB_QUANT_PEER=0 (no peer), DECODELAB_QUANT_MIXED=0 (no PyTorch-draft pair),
+# DECODELAB_QUANT_REPEATS=N (processes per measurement).
 # Its test on a CPU: DECODELAB_QUANT_DEVICE=cpu DECODELAB_QUANT_STEPS=20
 # DECODELAB_QUANT_GPT2=gpt2-tiny DECODELAB_QUANT_REPEATS=1 scripts/quantized_cuda.sh 900 --no-build
 set -uo pipefail
@@ -22,7 +24,7 @@ ref=results/reference/cuda-h200/quantized
 work=${DECODELAB_QUANT_WORK:-/tmp/quantized-cuda}
 src=$PWD/.gpu/llama-src
 cmake_args=${CMAKE_ARGS:--DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF}
-export PYTHONUNBUFFERED=1 DECODELAB_LLAMA_CMAKE_ARGS=$cmake_args
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 DECODELAB_LLAMA_CMAKE_ARGS=$cmake_args
 export DECODELAB_LLAMA_CONVERTER=$src/vendor/llama.cpp
 repo=$PWD
 self=$(readlink -f "$0")
@@ -67,7 +69,7 @@ if [ "$build" != --no-build ]; then
 		>"$log/install.log" 2>&1 || { say "install FAILED"; cat "$log/install.log"; pack 1; }
 	export PYTHONPATH=/tmp/site:$PWD/src
 	export DECODELAB_LLAMA_PEER=$PWD/.gpu/peer
-	if [ ! -x .gpu/peer/llama-speculative ]; then
+	if [ "${DECODELAB_QUANT_PEER:-1}" = 1 ] && [ ! -x .gpu/peer/llama-speculative ]; then
 		# the wheel's tree (this call or an earlier one on this machine) adds only two programs
 		peer_tree=.gpu/build peer_src=$src
 		[ -f .gpu/build/CMakeCache.txt ] || { peer_tree=.gpu/peer-build; peer_src=$src/vendor/llama.cpp; }
@@ -105,6 +107,22 @@ for model in target draft gpt2; do
 	done
 done
 say "converted: $(ls results/gguf/*/ | tr '\n' ' ')"
+if [ ! -s "$log/probe.txt" ]; then  # which process environment lets llama.cpp's CUDA live beside torch
+	timeout "$(limit 60)" python3 "$repo/scripts/llama_cuda_probe.py" results/gguf/target/F16.gguf \
+		results/gguf/draft/Q8_0.gguf "$log/cuda_env.sh" >"$log/probe.txt" 2>&1
+	cat "$log/probe.txt"
+	if [ ! -s "$log/cuda_env.sh" ] && command -v cuda-gdb >/dev/null; then
+		say "no environment mends it: a backtrace of decodelab's engine beside torch"
+		timeout 120 cuda-gdb -q -batch -ex run -ex bt --args python3 -c "import torch
+from decodelab.llamacpp import Engine
+Engine('results/gguf/target/F16.gguf', device='$device')" >"$log/backtrace.txt" 2>&1
+		grep -A 25 "received signal" "$log/backtrace.txt" | head -n 40
+	fi
+fi
+# shellcheck disable=SC1091
+llama_ok=0  # llama.cpp's rows need a process where it lives beside torch
+[ -s "$log/cuda_env.sh" ] && . "$log/cuda_env.sh" && llama_ok=1 &&
+	say "process environment: $(cat "$log/cuda_env.sh")"
 
 par='{"ks": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], "context": 128, "inner": 5, "seed": 20261130'
 h=$ref/raw
@@ -113,6 +131,7 @@ for rep in $(seq 0 $((reps - 1))); do
 	for model in target gpt2; do
 		[ "$(left)" -gt 150 ] || break 2
 		for quant in F16 Q8_0 Q4_0; do
+			[ $llama_ok = 1 ] || break
 			made=$h/llama.cpp-$quant-$device/parallelism/$model/rep$rep.parquet
 			run "verify_${model}_${quant}_$rep" "$made" verify-cost --device "$device" \
 				--gguf results/gguf/$model/$quant.gguf --model $model --repeat $rep \
@@ -135,7 +154,7 @@ pair() {  # name, target backend/quant, draft backend/quant, draft device
 		gguf="$gguf --draft-gguf results/gguf/draft/$4.gguf"
 	fi
 	for rep in $(seq 0 $((reps < 2 ? reps - 1 : 1))); do
-		[ "$(left)" -gt 60 ] || return 0
+		[ "$(left)" -gt 60 ] && [ $llama_ok = 1 ] || return 0
 		run "speculative_$1_$rep" $h/speculative/$1/rep$rep.parquet speculative \
 			--target-dir results/models/target \
 			--draft-dir results/models/draft --pair "$1" --pair-spec "$spec}" --spec "$study" $gguf \
@@ -144,7 +163,7 @@ pair() {  # name, target backend/quant, draft backend/quant, draft device
 	say "speculative $1 done"
 }
 pair q4-q8-$device llamacpp Q4_0 Q8_0 "$device"
-pair cpu-q4-$device llamacpp Q4_0 pytorch cpu
+[ "${DECODELAB_QUANT_MIXED:-1}" = 1 ] && pair cpu-q4-$device llamacpp Q4_0 pytorch cpu
 
 peer() {  # llama.cpp's own speculative example on pair $1's GGUF files: target $2, draft $3
 	for rep in $(seq 0 $((reps < 2 ? reps - 1 : 1))); do
@@ -156,7 +175,7 @@ peer() {  # llama.cpp's own speculative example on pair $1's GGUF files: target 
 	done
 	say "llama.cpp's own speculative on $1 done"
 }
-peer q4-q8-$device Q4_0 Q8_0
+[ "${DECODELAB_QUANT_PEER:-1}" = 1 ] && peer q4-q8-$device Q4_0 Q8_0
 
 say "statistics"
 stats='{"confidence": 0.95, "bootstrap_resamples": 2000, "seed": 7}'

@@ -1,0 +1,97 @@
+"""Where llama.cpp's CUDA build fails beside PyTorch (issue #19), and which process environment
+mends it. Each step runs alone in a fresh process, so a crash names its step.
+
+Seen on the H200 (torch 2.11 with its CUDA 13 wheels, llama-cpp-python 0.3.36 built with the
+image's CUDA toolkit): llama.cpp alone on CUDA loads, evaluates, rolls back and holds two models;
+every process that also imports torch dies (SIGABRT inside `import torch` when llama_cpp came
+first, SIGSEGV in `decodelab speculative`, which imports torch first). The variants below load
+one set of CUDA libraries before either does.
+
+Usage: python3 scripts/llama_cuda_probe.py TARGET.gguf DRAFT.gguf ENV_FILE
+Prints one line per step and variant; writes to ENV_FILE the `export` line of the first variant
+under which every step passes (':' when the process needs nothing, an empty file when no variant
+mends it).
+"""
+
+import glob
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+
+PRELUDE = """
+import faulthandler, sys
+faulthandler.enable()
+target, draft = sys.argv[1], sys.argv[2]
+def engine(path, **kw):
+    import llama_cpp
+    return llama_cpp.Llama(path, n_ctx=0, logits_all=True, verbose=False, n_gpu_layers=-1, **kw)
+def step(llm, ids):
+    start = llm.n_tokens
+    llm.eval(ids)
+    return llm.scores[start:llm.n_tokens].copy()
+"""
+
+BESIDE_TORCH = {
+    "torch imported first": "import torch; step(engine(target), [1])",
+    "torch's CUDA first": "import torch; torch.zeros(1, device='cuda'); step(engine(target), [1])",
+    "llama.cpp first, then torch's CUDA": (
+        "t = engine(target); step(t, [1]); import torch; torch.zeros(1, device='cuda');"
+        " torch.cuda.Event(enable_timing=True).record(); step(t, [2])"),
+    "decodelab's engine": (
+        "import torch; from decodelab.llamacpp import Engine; e = Engine(target, device='cuda');"
+        " c = e.new_cache(); e(torch.tensor([[1, 2, 3]]), past_key_values=c); c.crop(-1);"
+        " e(torch.tensor([[4]]), past_key_values=c); torch.zeros(1, device='cuda')"),
+}
+CUDA_LIBS = ("libcudart.so.1[0-9]", "libcublasLt.so.1[0-9]", "libcublas.so.1[0-9]")
+
+
+def found(roots: list[str]) -> str:
+    """The CUDA runtime and cuBLAS libraries under `roots`, first match of each, ':'-joined."""
+    libs = []
+    for name in CUDA_LIBS:
+        hits = sorted(p for root in roots for p in glob.glob(f"{root}/**/{name}", recursive=True))
+        libs += hits[:1]
+    return ":".join(libs) if len(libs) == len(CUDA_LIBS) else ""
+
+
+def variants() -> dict[str, dict[str, str]]:
+    site = sysconfig.get_paths()["purelib"]
+    toolkit = sorted(glob.glob("/usr/local/cuda*/lib64")
+                     + glob.glob("/usr/local/cuda*/targets/*/lib"))
+    out = {"as is": {}}
+    torch_libs, toolkit_libs = found([f"{site}/nvidia"]), found(toolkit)
+    if torch_libs:
+        out["torch's CUDA libraries preloaded"] = {"LD_PRELOAD": torch_libs}
+    if toolkit_libs:
+        out["the toolkit's CUDA libraries preloaded"] = {"LD_PRELOAD": toolkit_libs}
+    return out
+
+
+def passes(name: str, code: str, env: dict[str, str], args: list[str]) -> bool:
+    try:
+        done = subprocess.run([sys.executable, "-c", PRELUDE + code + "\nprint('ok')", *args],
+                              capture_output=True, text=True, timeout=90, env=os.environ | env)
+        rc, text = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired:
+        rc, text = "timeout", ""
+    tail = " | ".join(text.strip().splitlines()[-4:])
+    print(f"  {name}: rc {rc}: {tail}", flush=True)
+    return rc == 0
+
+
+def main(target: str, draft: str, env_file: str) -> None:
+    chosen = None
+    for label, env in variants().items():
+        print(f"beside torch, {label} {env}:", flush=True)
+        if all([passes(name, code, env, [target, draft]) for name, code in BESIDE_TORCH.items()]):
+            chosen = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+            print(f"  -> every step passes: {label}", flush=True)
+            break
+    with open(env_file, "w") as out:  # ':' when nothing needs mending, empty when nothing mends
+        out.write("" if chosen is None else f"export {chosen}\n" if chosen else ":\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
