@@ -406,3 +406,12 @@ def test_the_speculative_verb_checks_its_pair_spec_by_key(capsys):
     args = [*MEASURING_VERBS["speculative"][1][:-1], spec_json(pair)]
     err = verb_error("speculative", spec_json(settings().speculative.job_spec()), capsys, args)
     assert "--pair-spec (Pair): missing key 'draft'" in err
+
+
+def test_verifications_spec_names_a_missing_key_of_its_levels():
+    spec = settings().verification.job_spec()
+    with pytest.raises(DecodelabError, match=r"\(Verification\): real: missing key 'top'"):
+        typed(cfg.Verification, spec_json({**spec, "real": {
+            k: v for k, v in spec["real"].items() if k != "top"}}))
+    with pytest.raises(DecodelabError, match=r"\(Verification\): missing key 'alpha'"):
+        typed(cfg.Verification, spec_json({k: v for k, v in spec.items() if k != "alpha"}))

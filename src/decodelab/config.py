@@ -54,6 +54,14 @@ def build(cls, section: Mapping):
     return cls(**{key: frozen(value) for key, value in section.items()})
 
 
+def build_nested(cls, spec: Mapping, key: str):
+    """`build` of the section `key` of `spec`, its errors naming the section."""
+    try:
+        return build(cls, spec[key])
+    except DecodelabError as err:
+        raise DecodelabError(f"{key}: {err}") from None
+
+
 @dataclass(frozen=True)
 class Confidence:
     """The percentile-bootstrap interval of every statistics table (config 'stats')."""
@@ -544,13 +552,14 @@ class Verification:
     @classmethod
     def from_config(cls, section: Mapping, seed: int) -> Verification:
         return cls(pairs=frozen(section["pairs"]), k=section["k"], alpha=section["alpha"],
-                   seeds=section["seeds"], exact=build(ExactLevel, section["exact"]),
-                   monte_carlo=build(MonteCarloLevel, section["monte_carlo"]),
-                   real=build(RealLevel, section["real"]), seed=seed)
+                   seeds=section["seeds"], exact=build_nested(ExactLevel, section, "exact"),
+                   monte_carlo=build_nested(MonteCarloLevel, section, "monte_carlo"),
+                   real=build_nested(RealLevel, section, "real"), seed=seed)
 
     @classmethod
     def from_spec(cls, spec: Mapping) -> Verification:
         """A verification job's settings (`job_spec`): every level, no pairs."""
+        check_keys(cls, {**spec, "pairs": ()})
         return cls.from_config({**spec, "pairs": ()}, spec["seed"])
 
     def job_spec(self) -> dict:
@@ -610,18 +619,13 @@ class Regimes:
     @classmethod
     def from_config(cls, section: Mapping) -> Regimes:
         rule = {k: section[k] for k in REGIME_RULE_KEYS}
-        return cls(**rule, changepoints=build(Changepoints, section["changepoints"]),
-                   onsets=build(Onsets, section["onsets"]))
+        return cls(**rule, changepoints=build_nested(Changepoints, section, "changepoints"),
+                   onsets=build_nested(Onsets, section, "onsets"))
 
     @classmethod
     def from_spec(cls, spec: Mapping) -> Regimes:
         """`decodelab regime-depth --spec` (`job_spec`)."""
         check_keys(cls, spec)
-        for key, section in (("changepoints", Changepoints), ("onsets", Onsets)):
-            try:
-                check_keys(section, spec[key])
-            except DecodelabError as err:
-                raise DecodelabError(f"{key}: {err}") from None
         return cls.from_config(spec)
 
     @property
