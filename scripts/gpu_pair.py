@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from decodelab import graphs, sources, study, theory
-from decodelab.config import load_settings
+from decodelab.config import SpeculativeJob, load_settings
 from decodelab.decode import decode
 from decodelab.io import write_raw
 
@@ -79,12 +79,12 @@ def train_pair(settings, out: Path, work: Path, smoke: bool) -> dict[str, Path]:
     return dirs
 
 
-def study_spec(settings, smoke: bool, engine: str) -> dict:
-    spec = settings.speculative.job_spec()
+def study_spec(settings, smoke: bool, engine: str) -> SpeculativeJob:
+    spec = settings.speculative.job()
     if smoke:
-        spec |= {"ks": [1, 3], "prompts": 2, "budget": 16, "prompt_len": 8}
+        spec = dataclasses.replace(spec, ks=(1, 3), prompts=2, budget=16, prompt_len=8)
     # HF assisted generation runs its own (eager) loop: once, beside the eager engine.
-    return spec | {"hf_assisted": spec["hf_assisted"] and engine == "eager"}
+    return dataclasses.replace(spec, hf_assisted=spec.hf_assisted and engine == "eager")
 
 
 def run_study(settings, dirs, out: Path, pair_name: str, smoke: bool) -> pd.DataFrame:

@@ -24,7 +24,7 @@ import torch
 from gpu_pair import Deadline, log  # scripts/ is on the path of a script run from it
 
 from decodelab import longstats, longstudy, sources, stats, tables
-from decodelab.config import load_settings
+from decodelab.config import LongJob, load_settings
 from decodelab.io import write_raw
 
 TARGET = "long-target"
@@ -92,17 +92,16 @@ def run_study(settings, models: Path, out: Path, drafters: list[str], lengths: l
     overrides config 'long' keys (fewer documents or K for a short device budget)."""
     raw = []
     for length in lengths:
-        spec = settings.long.job_spec() | shrink | {"lengths": [length],
-                                                    "drafters": ["self", *drafters]}
-        if smoke:
-            spec |= SMOKE_STUDY
+        given = settings.long.job_spec() | shrink | {"lengths": [length],
+                                                     "drafters": ["self", *drafters]}
+        spec = LongJob.from_spec(given | SMOKE_STUDY if smoke else given)
         runs = len(longstudy.make_grid(spec))
         if not deadline.allows(f"the study at L={length} ({runs} runs)",
                                1 if smoke else runs * length / 8192 * 0.4):  # a guess
             break
         start = time.perf_counter()
         df = longstudy.run(str(models / TARGET), TARGET,
-                           {d: str(models / d) for d in drafters}, spec["device"], spec, 0,
+                           {d: str(models / d) for d in drafters}, spec.device, spec, 0,
                            progress=False)
         path = out / "raw/long" / f"L{length}.parquet"
         write_raw(df, path, *longstudy.expected_rows(spec))

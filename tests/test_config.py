@@ -3,6 +3,7 @@ cannot express (a valid config passes each; each bad one gets its message)."""
 
 import copy
 import json
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 from snakemake.utils import validate
 
 from decodelab import config as cfg
+from decodelab.cli import typed
 from decodelab.config import Confidence, Pair, Sampling, Settings, Stability
 from decodelab.configcheck import schema_problem, with_defaults
 from decodelab.errors import DecodelabError
@@ -304,3 +306,112 @@ def test_check_local_images(tmp_path):
     cfg.check_local_images(settings(containers=ok | {"cuda": "/absent.sif"}), ["cpu"])
     with pytest.raises(DecodelabError, match="config 'containers.cuda': image '/absent.sif' does"):
         cfg.check_local_images(settings(containers=ok | {"cuda": "/absent.sif"}), ["cpu", "cuda"])
+
+
+def rule_jsons(s: Settings) -> list[tuple[type, dict]]:
+    """Each verb's typed settings with the JSON its rule passes (`as_arg`)."""
+    jobs = [(cfg.SweepJob, s.sweep.job_spec()), (cfg.SpeculativeJob, s.speculative.job_spec()),
+            (cfg.ParallelismJob, s.speculative.parallelism_spec("Q4_0")),
+            (cfg.Verification, s.verification.job_spec()), (cfg.Confidence, s.stats.job_spec()),
+            (cfg.SpikeRule, s.regimes.rule_spec()), (cfg.Regimes, s.regimes.job_spec()),
+            *[(Pair, p.job_spec()) for p in s.speculative.pairs.values()]]
+    if s.long is not None:
+        jobs.append((cfg.LongJob, s.long.job_spec()))
+    if s.batched is not None:
+        jobs.append((cfg.BatchedJob, s.batched.job_spec()))
+    return jobs
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_verb_types_its_rules_json_and_hashes_it_unchanged(profile):
+    """A verb builds its typed settings from the rule's JSON and stamps its raw file with their
+    `job_spec()`: the same JSON, so the same hash as the dict the verb read before."""
+    jobs = rule_jsons(Settings.from_config(validated(profile)))
+    assert {cls for cls, _ in jobs} >= {cfg.SpeculativeJob, cfg.ParallelismJob, Pair}
+    for cls, spec in jobs:
+        job = typed(cls, spec_json(spec))
+        assert isinstance(job, cls) and spec_json(job.job_spec()) == spec_json(spec), cls
+
+
+def test_the_long_jobs_document_tokens_is_hashed_only_when_set():
+    spec = settings().long.job_spec()
+    assert "document_tokens" not in spec
+    job = cfg.LongJob.from_spec({**spec, "document_tokens": 4096})
+    assert job.document_tokens == 4096 and job.job_spec() == {**spec, "document_tokens": 4096}
+
+
+TYPED_JOBS = [cfg.SpeculativeJob, cfg.ParallelismJob, cfg.LongJob, cfg.BatchedJob,
+              cfg.SpikeRule, Pair]
+
+
+@pytest.mark.parametrize("cls", TYPED_JOBS, ids=lambda c: c.__name__)
+def test_a_spec_missing_or_adding_a_key_is_refused_naming_it(cls):
+    spec = dict(next(s for c, s in rule_jsons(settings()) if c is cls))
+    required = [f.name for f in fields(cls) if f.default is MISSING]
+    assert required
+    for key in required:
+        with pytest.raises(DecodelabError, match=rf"^--spec \({cls.__name__}\): missing key "
+                                                 rf"'{key}'$"):
+            typed(cls, spec_json({k: v for k, v in spec.items() if k != key}))
+    with pytest.raises(DecodelabError, match=rf"\({cls.__name__}\): unknown key 'budgte'"):
+        typed(cls, spec_json({**spec, "budgte": 1}))
+    with pytest.raises(DecodelabError, match=r"^--spec: not JSON"):
+        typed(cls, "{ks: [1]}")
+    with pytest.raises(DecodelabError, match=rf"^--spec: expected a JSON object of {cls.__name__}"):
+        typed(cls, "[1, 2]")
+
+
+def test_regime_depths_spec_names_a_missing_key_of_its_sections():
+    spec = settings().regimes.job_spec()
+    with pytest.raises(DecodelabError, match=r"\(Regimes\): onsets: missing key 'baseline'"):
+        typed(cfg.Regimes, spec_json({**spec, "onsets": {"factor": 2.5, "run": 8}}))
+    with pytest.raises(DecodelabError, match=r"\(Regimes\): missing key 'changepoints'"):
+        typed(cfg.Regimes, spec_json({k: v for k, v in spec.items() if k != "changepoints"}))
+
+
+MEASURING_VERBS = {  # each verb's settings and the arguments it takes besides --repeat, --out
+    "speculative": (cfg.SpeculativeJob, [
+        "--target-dir", "t", "--draft-dir", "d", "--pair", "p",
+        "--pair-spec", spec_json(Pair("t", "d", "cpu", "cpu").job_spec())]),
+    "parallelism": (cfg.ParallelismJob, ["--model-dir", "m", "--model", "m", "--backend", "cpu"]),
+    "verify-cost": (cfg.ParallelismJob, ["--gguf", "g", "--model", "m", "--device", "cpu"]),
+    "llama-peer": (cfg.SpeculativeJob, ["--pair", "p", "--target-gguf", "t", "--draft-gguf", "d",
+                                        "--target-dir", "t", "--device", "cpu"]),
+    "long": (cfg.LongJob, ["--target-dir", "t", "--target", "t", "--backend", "cpu"]),
+    "batched": (cfg.BatchedJob, ["--target-dir", "t", "--draft-dir", "d", "--backend", "cpu",
+                                 "--costs", "c"]),
+}
+
+
+def verb_error(verb: str, spec: str, capsys, args: list[str] | None = None) -> str:
+    """`decodelab <verb>`'s error on `spec`; none of the directories or files named exists."""
+    from decodelab import cli
+
+    code = cli.main([verb, *(args or MEASURING_VERBS[verb][1]), "--spec", spec, "--repeat", "0",
+                     "--out", "o"])
+    assert code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", MEASURING_VERBS)
+def test_each_measuring_verb_refuses_a_spec_without_its_seed_naming_it(verb, capsys):
+    cls = MEASURING_VERBS[verb][0]
+    spec = next(s for c, s in rule_jsons(settings()) if c is cls)
+    err = verb_error(verb, spec_json({k: v for k, v in spec.items() if k != "seed"}), capsys)
+    assert err == f"decodelab {verb}: error: --spec ({cls.__name__}): missing key 'seed'\n"
+
+
+def test_the_speculative_verb_checks_its_pair_spec_by_key(capsys):
+    pair = {k: v for k, v in Pair("t", "d", "cpu", "cpu").job_spec().items() if k != "draft"}
+    args = [*MEASURING_VERBS["speculative"][1][:-1], spec_json(pair)]
+    err = verb_error("speculative", spec_json(settings().speculative.job_spec()), capsys, args)
+    assert "--pair-spec (Pair): missing key 'draft'" in err
+
+
+def test_verifications_spec_names_a_missing_key_of_its_levels():
+    spec = settings().verification.job_spec()
+    with pytest.raises(DecodelabError, match=r"\(Verification\): real: missing key 'top'"):
+        typed(cfg.Verification, spec_json({**spec, "real": {
+            k: v for k, v in spec["real"].items() if k != "top"}}))
+    with pytest.raises(DecodelabError, match=r"\(Verification\): missing key 'alpha'"):
+        typed(cfg.Verification, spec_json({k: v for k, v in spec.items() if k != "alpha"}))

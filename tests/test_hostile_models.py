@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 import decodelab
 from decodelab import cli, models, sources, study, sweep, verify
-from decodelab.config import Pair, Sampling, SweepJob, Verification
+from decodelab.config import Pair, Sampling, SpeculativeJob, SweepJob, Verification
 from decodelab.errors import DecodelabError
 from decodelab.speculative import generate
 
@@ -28,6 +28,10 @@ SWEEP = {"budgets": [4], "prompt_lengths": [6], "dtype": "float32", "inner_repea
 STUDY = {"ks": [2], "modes": ["greedy"], "temperature": 1.0, "top_k": 0, "top_p": 1.0,
          "prompts": 1, "prompt_len": 8, "budget": 8, "hf_assisted": False, "seed": 3}
 PAIR = {"target_device": "cpu", "draft_device": "cpu", "dtype": "float32"}
+
+
+def study_job(**edit) -> SpeculativeJob:
+    return SpeculativeJob.from_spec(STUDY | edit)
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +308,7 @@ def test_speculative_study_and_bench_stop_on_nan_models(tiny_pair, nan_models, r
                                                         blamed):
     dirs = [nan_models[r] if r else d for r, d in zip(roles, tiny_pair, strict=True)]
     with pytest.raises(DecodelabError) as err:
-        study.run(*dirs, "cpu-cpu", PAIR, STUDY | {"modes": [mode]}, 0, progress=False)
+        study.run(*dirs, "cpu-cpu", PAIR, study_job(modes=[mode]), 0, progress=False)
     assert_nan_error(err, blamed, nan_models[blamed], "on a probe input")
 
 
@@ -373,7 +377,7 @@ def test_distilling_from_a_nan_teacher_stops_before_training(nan_models, tmp_pat
 
 def test_finite_models_pass_every_check(tiny_pair, tiny_dir):
     """Negative control: the same verbs on healthy models measure and raise nothing."""
-    df = study.run(*tiny_pair, "cpu-cpu", PAIR, STUDY | {"modes": ["greedy", "sampled"]}, 0,
+    df = study.run(*tiny_pair, "cpu-cpu", PAIR, study_job(modes=["greedy", "sampled"]), 0,
                    progress=False)
     assert len(df) > 0
     assert len(sweep.run(str(tiny_dir), "gpt2-tiny", "cpu", SweepJob.from_spec(SWEEP), 0, "sweep",

@@ -18,7 +18,8 @@ SWEEP = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_re
          "warmup": 1, "seed": 11}
 SPEC = {"ks": [1, 3], "modes": ["greedy"], "temperature": 1.0, "top_k": 0, "top_p": 1.0,
         "prompts": 2, "prompt_len": 8, "budget": 8, "hf_assisted": True, "seed": 3}
-PAIR = {"target_device": "cpu", "draft_device": "cpu", "dtype": "float32"}
+PAIR = {"target": "target", "draft": "draft", "target_device": "cpu", "draft_device": "cpu",
+        "dtype": "float32"}  # as the rule passes it (Pair.job_spec)
 PARALLELISM = {"ks": [1, 2], "context": 8, "inner": 2, "dtype": "float32", "seed": 0}
 VERIFY = {"k": 2, "alpha": 0.01, "seeds": 2, "seed": 0,
           "exact": {"random_pairs": 1, "vocab_sizes": [2], "concentrations": [1.0],

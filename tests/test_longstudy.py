@@ -16,6 +16,7 @@ from llama import LLAMA, PERIOD, planted_copies, tiny_llama, tokens
 from decodelab import cli, longstats, longstudy, sources, speculative, train
 from decodelab.config import (
     Confidence,
+    LongJob,
     Settings,
     check_long,
     check_positions,
@@ -60,7 +61,7 @@ def raw(tmp_path_factory):
 
 def test_the_verb_writes_the_documented_columns_and_its_grid(raw):
     assert set(COLUMNS) <= set(raw.columns)
-    assert len(raw) == longstudy.expected_rows(SPEC)[0]
+    assert len(raw) == longstudy.expected_rows(LongJob.from_spec(SPEC))[0]
     spec = raw[raw["method"] == "speculative"]
     # full runs once per L; the other policies once per budget
     assert len(spec) == 2 * 2 * 2 * (1 + 3 * 2)
@@ -158,7 +159,7 @@ def test_no_runs_give_empty_tables_with_their_columns():
 def test_random_chunks_accept_less_than_retrieval_on_planted_copies(copier, one_thread):
     model, _ = copier
     prompts = [seq[:PERIOD + 10].tolist() for seq in planted_copies(6, PERIOD, seed=2000)]
-    spec = {**SPEC, "budget": 24}
+    spec = LongJob.from_spec({**SPEC, "budget": 24})
     rows = []
     for policy in ("retrieval", "random_chunks"):
         for doc, prompt in enumerate(prompts):

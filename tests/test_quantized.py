@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make quantized-tools)")
 
 from decodelab import gguf_convert, llamapeer, models, sources, study  # noqa: E402
-from decodelab.config import GREEDY, QUANT_TYPES, Sampling  # noqa: E402
+from decodelab.config import GREEDY, QUANT_TYPES, Sampling, SpeculativeJob  # noqa: E402
 from decodelab.decode import (  # noqa: E402
     decode,  # noqa: E402
     first_divergence,
@@ -214,7 +214,8 @@ needs_peer = pytest.mark.skipif(not PEER_BUILT, reason="llama.cpp's llama-specul
                                 "llama-completion are not built (make quantized-peer)")
 PEER_SPEC = {"prompts": 1, "prompt_len": 16, "budget": 24, "ks": [1, 4],
              "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0, "top_p": 1.0,
-             "seed": 3}
+             "hf_assisted": False, "seed": 3}
+PEER_JOB = SpeculativeJob.from_spec(PEER_SPEC)
 
 
 @needs_peer
@@ -228,7 +229,7 @@ def test_the_llama_peer_verb_runs_llama_cpps_own_speculative_on_the_gguf_pair(gg
           str(ggufs["dirs"]["target"]), "--device", "cpu", "--spec", json.dumps(PEER_SPEC),
           "--repeat", "0", "--threads", "1", "--out", str(out)])
     rows = read_raw(out, "llama_peer")
-    assert len(rows) == llamapeer.expected_rows(PEER_SPEC)[0] == 6
+    assert len(rows) == llamapeer.expected_rows(PEER_JOB)[0] == 6
     ar, spec = (rows[rows["method"] == m] for m in ("autoregressive", "speculative"))
     assert (ar["tokens"] == 24).all() and ar["evals"].between(23, 24).all()
     assert (spec["tokens"] > 24).all()  # llama-speculative stops past the budget
@@ -243,8 +244,8 @@ def test_the_peer_accepts_the_greedy_drafts_of_the_target_itself(ggufs):
     """The target drafting for itself is accepted (almost) always in greedy mode: llama.cpp's
     acceptance count is read right; the distilled draft's is lower (the negative control)."""
     target = ggufs["target"]["Q8_0"]
-    prompt = llamapeer.prompt_texts(ggufs["dirs"]["target"], PEER_SPEC)[0]
-    same, other = (llamapeer.speculative_row(target, draft, prompt, 4, "greedy", PEER_SPEC, 1,
+    prompt = llamapeer.prompt_texts(ggufs["dirs"]["target"], PEER_JOB)[0]
+    same, other = (llamapeer.speculative_row(target, draft, prompt, 4, "greedy", PEER_JOB, 1,
                                              "cpu", 0)
                    for draft in (target, ggufs["draft"]["Q8_0"]))
     assert same["acceptance"] >= 0.9, same
@@ -255,9 +256,9 @@ def test_a_missing_peer_program_is_an_error_naming_its_build(ggufs, tmp_path, mo
     monkeypatch.setenv("DECODELAB_LLAMA_PEER", str(tmp_path))
     with pytest.raises(DecodelabError, match=r"llama-completion is not built.*quantized-peer"):
         llamapeer.peer_job("q8-q8", ggufs["target"]["Q8_0"], ggufs["draft"]["Q8_0"],
-                           ggufs["dirs"]["target"], PEER_SPEC, 0, 1, "cpu")
+                           ggufs["dirs"]["target"], PEER_JOB, 0, 1, "cpu")
 
 
 def test_the_peer_refuses_a_model_without_a_tokenizer(model_dir):
     with pytest.raises(DecodelabError, match=r"has no tokenizer.*vocabulary-less"):
-        llamapeer.prompt_texts(model_dir, PEER_SPEC)
+        llamapeer.prompt_texts(model_dir, PEER_JOB)

@@ -9,7 +9,7 @@ import pytest
 
 from decodelab import changepoints as cp
 from decodelab import memory, onsets, phases, stability, variance
-from decodelab.config import Stability
+from decodelab.config import SpikeRule, Stability
 from decodelab.regimes import detect_spikes, repeat_ratios, spike_summary, spike_table
 from decodelab.stats import SWEEP, per_process
 
@@ -57,7 +57,7 @@ def raw_runs(seed: int = 0, repeats: int = 4, inner: int = 2, noise: float = 0.0
 
 def rule(runs: pd.DataFrame) -> pd.DataFrame:
     """The regimes rule's table, its verdicts at the default limits."""
-    spec = {"window": 2, "threshold": 1.5, "consistency": 1.0, "alpha": 0.05}
+    spec = SpikeRule(window=2, threshold=1.5, consistency=1.0, alpha=0.05)
     return spike_table(per_process(runs), spec, stability.verdicts(runs, SWEEP, Stability()))
 
 

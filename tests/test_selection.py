@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 
 from decodelab import selection
-from decodelab.config import Confidence
+from decodelab.config import Confidence, SpikeRule
 from decodelab.paper import noise
 
 CI = Confidence(confidence=0.95, bootstrap_resamples=400, seed=7)  # fewer resamples: 200 seeds
+RULE = SpikeRule(window=2, threshold=1.5, consistency=1.0, alpha=0.05)  # reads window, threshold
 PAIRS, KS = ("cpu-cpu", "cpu-cuda", "cuda-cuda", "cpu-mps"), (1, 2, 3, 4, 6)  # 20 configurations
 SEEDS = 160
 SIGMA = 0.15  # lognormal noise of one process's median time
@@ -100,7 +101,7 @@ def test_too_few_processes_are_said_and_never_distinguishable():
 
 def test_the_table_has_a_row_per_claim_from_raw_sweeps():
     runs = sweep_runs(1, 8)
-    table = selection.selection_table(runs, spec_proc(1, 8), {"window": 2, "threshold": 1.5}, CI)
+    table = selection.selection_table(runs, spec_proc(1, 8), RULE, CI)
     assert list(table.columns) == selection.COLUMNS
     assert list(table["claim"]) == ["speculative_best", "kv_best", "spike_largest",
                                     "spike_decode", "spike_prefill", "kv_at_spike"]
@@ -114,7 +115,7 @@ def test_the_table_has_a_row_per_claim_from_raw_sweeps():
 def test_a_stage_that_measured_nothing_has_no_row():
     runs = sweep_runs(1, 8)
     table = selection.selection_table(runs[runs["experiment"] == "sweep"], pd.DataFrame(),
-                                      {"window": 2, "threshold": 1.5}, CI)
+                                      RULE, CI)
     assert list(table["claim"]) == ["spike_largest", "spike_decode", "spike_prefill"]
 
 
@@ -172,7 +173,7 @@ def test_with_three_processes_the_sweeps_split_their_inner_repeats():
     runs = pd.concat([sweep_runs(seed, 3).assign(repeat=r, inner=i)
                       for r, i, seed in ((r, i, 10 * r + i) for r in range(3) for i in range(3))],
                      ignore_index=True)
-    table = selection.selection_table(runs, pd.DataFrame(), {"window": 2, "threshold": 1.5}, CI)
+    table = selection.selection_table(runs, pd.DataFrame(), RULE, CI)
     kv = table.set_index("claim").loc["kv_best"]
     assert kv["estimated_on"] == "inner repeats 0, 2 of each of 3 processes" and kv["n"] == 6
     assert kv["distinguishable"] and kv["ci_low"] < 2 < kv["ci_high"]
@@ -189,7 +190,6 @@ def test_with_three_processes_the_sweeps_split_their_inner_repeats():
 MODELS = ("gpt2-tiny", "opt-tiny", "bloom-tiny", "llama-tiny")
 BUDGETS, PROMPTS = range(8, 88, 8), (32, 64)  # 80 cache-on configurations
 BUSY = 0.45  # lognormal noise of one phase of one measurement on a busy machine
-RULE = {"window": 2, "threshold": 1.5}
 SPIKE = ("opt-tiny", 48, 6.0)  # model, budget, factor on its cache-on decode time (prompt 32)
 
 
@@ -237,11 +237,11 @@ def test_with_no_spike_the_phase_and_kv_claims_are_not_testable_while_the_naive_
         r"Not testable here, no spike to attribute: no configuration distinguishable from 1\x{}")
         and macros["SelKvAtSpikeFinding"].startswith("Not testable here without a spike")
         for rows, macros in flat_spikes])
-    naive_above = np.mean([rows["spike_largest"]["naive"] >= RULE["threshold"]
+    naive_above = np.mean([rows["spike_largest"]["naive"] >= RULE.threshold
                            for rows, _ in flat_spikes])
     rows, _ = flat_spikes[0]
     print(f"flat curves, 3 processes x 3 inner repeats: not distinguishable {quiet:.3f}, naive "
-          f"largest ratio >= {RULE['threshold']} {naive_above:.3f}")
+          f"largest ratio >= {RULE.threshold} {naive_above:.3f}")
     assert rows["spike_decode"]["estimated_on"] == "inner repeats 0, 2 of each of 3 processes"
     assert rows["kv_at_spike"]["label"] == rows["spike_largest"]["label"]
     assert quiet >= 0.95

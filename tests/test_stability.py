@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from decodelab import cli, stability, stats, tables
-from decodelab.config import Confidence, Stability, load_settings
+from decodelab.config import Confidence, SpikeRule, Stability, load_settings
 from decodelab.errors import DecodelabError
 from decodelab.io import write_raw, write_table
 from decodelab.regime_depth import with_stability
@@ -313,7 +313,7 @@ def test_a_speculative_speedup_is_unstable_when_either_method_is():
 def test_spikes_and_step_ups_carry_the_verdict():
     runs = raw_runs(busy={0: 0.5})
     runs.loc[runs["budget"] == 8, "background_cpu_share"] = 0.0
-    spec = {"window": 2, "threshold": 1.5, "consistency": 1.0, "alpha": 0.05}
+    spec = SpikeRule(window=2, threshold=1.5, consistency=1.0, alpha=0.05)
     found = spike_table(stats.per_process(runs), spec, judged(runs))
     assert set(found["metric"]) == {"total_s", "prefill_s", "decode_s"}
     assert found.set_index("budget")["stable"].groupby(level=0).all().to_dict() == {

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from decodelab import models, stability, stats, study
-from decodelab.config import Confidence, Stability
+from decodelab.config import Confidence, SpeculativeJob, Stability
 
 SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
         "top_p": 1.0, "prompts": 2, "prompt_len": 8, "budget": 12, "hf_assisted": True,
@@ -17,7 +17,8 @@ CI = Confidence(0.9, 200, 0)
 
 @pytest.fixture(scope="module")
 def runs(tiny_pair):
-    parts = [study.run(*tiny_pair, "cpu-cpu", PAIR, SPEC, repeat=r, progress=False)
+    parts = [study.run(*tiny_pair, "cpu-cpu", PAIR, SpeculativeJob.from_spec(SPEC), repeat=r,
+                       progress=False)
              for r in range(2)]
     return pd.concat(parts, ignore_index=True)
 

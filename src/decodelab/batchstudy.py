@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from . import batched, models
+from .config import BatchedJob
 from .devices import fingerprint, now
 from .errors import DecodelabError
 from .longstudy import heldout_files, vocab_size
@@ -94,18 +95,18 @@ def scheduled(cost: CostModel, batch: int, context: int, k_max: int):
     return next_k
 
 
-def modes(spec: dict) -> tuple[str, ...]:
-    return MODES if spec.get("refresh_layer") is None else (*MODES, REFRESHED)
+def modes(spec: BatchedJob) -> tuple[str, ...]:
+    return MODES if spec.refresh_layer is None else (*MODES, REFRESHED)
 
 
-def refresh_of(mode: str, spec: dict) -> int | None:
+def refresh_of(mode: str, spec: BatchedJob) -> int | None:
     """The mode's refresh layer: only the refreshed mode has one."""
-    return spec["refresh_layer"] if mode == REFRESHED else None
+    return spec.refresh_layer if mode == REFRESHED else None
 
 
-def run_mode(mode: str, target, draft, batch_prompts, spec: dict, policy: Policy,
+def run_mode(mode: str, target, draft, batch_prompts, spec: BatchedJob, policy: Policy,
              cost: CostModel) -> batched.Batch:
-    budget, k = spec["budget"], spec["k"]
+    budget, k = spec.budget, spec.k
     if mode == "autoregressive":
         return batched.autoregressive(target, batch_prompts, budget)
     if mode == "synchronized":
@@ -118,14 +119,14 @@ def run_mode(mode: str, target, draft, batch_prompts, spec: dict, policy: Policy
                                   refresh=refresh_of(mode, spec))
 
 
-def throughput_rows(target, draft, target_dir: str, spec: dict, process: int, cost: CostModel
-                    ) -> list[dict]:
-    rows, k, policy = [], spec["k"], Policy(spec["policy"], spec["kv_budget"])
-    stream = heldout_stream(target_dir, max(spec["contexts"]), spec["seed"])
-    for round_ in range(spec["rounds"]):
-        for context in spec["contexts"]:
-            for b in spec["batches"]:
-                seed = prompt_seed(spec["seed"], process, round_)
+def throughput_rows(target, draft, target_dir: str, spec: BatchedJob, process: int,
+                    cost: CostModel) -> list[dict]:
+    rows, k, policy = [], spec.k, Policy(spec.policy, spec.kv_budget)
+    stream = heldout_stream(target_dir, max(spec.contexts), spec.seed)
+    for round_ in range(spec.rounds):
+        for context in spec.contexts:
+            for b in spec.batches:
+                seed = prompt_seed(spec.seed, process, round_)
                 batch_prompts = prompts(stream, b, context, seed)
                 for mode in modes(spec):
                     out = run_mode(mode, target, draft, batch_prompts, spec, policy, cost)
@@ -142,21 +143,21 @@ def throughput_rows(target, draft, target_dir: str, spec: dict, process: int, co
     return rows
 
 
-def expected_rows(spec: dict) -> tuple[int, str]:
-    batches, contexts, rounds = len(spec["batches"]), len(spec["contexts"]), spec["rounds"]
+def expected_rows(spec: BatchedJob) -> tuple[int, str]:
+    batches, contexts, rounds = len(spec.batches), len(spec.contexts), spec.rounds
     n = len(modes(spec))
     return (n * batches * contexts * rounds,
             f"{n} modes x {batches} batch sizes x {contexts} contexts x {rounds} rounds")
 
 
-def run(target_dir: str, draft_dir: str, backend: str, spec: dict, process: int
+def run(target_dir: str, draft_dir: str, backend: str, spec: BatchedJob, process: int
         ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(throughput rows, the forward timings the scheduler's cost model was fitted to), of one
-    process of config 'batched' (`Batched.job_spec`)."""
-    dtype = spec["dtype"]
+    process of config 'batched' (`Batched.job`)."""
+    dtype = spec.dtype
     target = models.load(target_dir, backend, dtype, role="target")
     draft = models.load(draft_dir, backend, dtype, role="draft")
-    costs = cost_rows(target, spec["batches"], spec["contexts"], spec["seed"] + process)
+    costs = cost_rows(target, spec.batches, spec.contexts, spec.seed + process)
     rows = throughput_rows(target, draft, target_dir, spec, process, fitted_cost(costs))
-    meta = fingerprint(backend, spec)
+    meta = fingerprint(backend, spec.job_spec())
     return pd.DataFrame(rows).assign(**meta), pd.DataFrame(costs).assign(**meta)

@@ -12,16 +12,33 @@ from .config import PREFLIGHT_ENV
 from .errors import DecodelabError
 
 
-def typed(settings: type, text: str):
-    """A JSON argument as the typed settings of config.py that the rule wrote it from."""
-    return settings.from_spec(json.loads(text))
+def typed(settings: type, text: str, arg: str = "--spec"):
+    """A JSON argument as the typed settings of config.py that the rule wrote it from; bad JSON
+    or a missing or unknown key is an error naming the argument and the key."""
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DecodelabError(f"{arg}: not JSON ({err})") from None
+    if not isinstance(spec, dict):
+        raise DecodelabError(f"{arg}: expected a JSON object of {settings.__name__}'s keys, "
+                             f"got {type(spec).__name__}")
+    try:
+        return settings.from_spec(spec)
+    except DecodelabError as err:
+        raise DecodelabError(f"{arg} ({settings.__name__}): {err}") from None
 
 
 def open_job(args, *backends: str, settings: type | None = None):
     """The opening of every measuring verb: fail early on a missing backend (on a host of
     several GPUs, take one of them), check that the machine is quiet (a verb that times
     something has --machine), set torch's CPU threads (0: torch's default), and return the
-    job's settings (--spec): typed as `settings` (config.py), else the JSON as given."""
+    job's settings (--spec) typed as `settings` (config.py); without one (a model's config
+    entry, whose keys depend on its source) the JSON as given."""
+    # a bad spec fails before torch loads
+    if settings is not None:
+        spec = typed(settings, args.spec)
+    else:
+        spec = json.loads(args.spec) if args.spec else None
     import torch
 
     from .config import Machine
@@ -37,9 +54,7 @@ def open_job(args, *backends: str, settings: type | None = None):
         preflight(typed(Machine, args.machine))
     if args.threads:
         torch.set_num_threads(args.threads)
-    if settings is not None:
-        return typed(settings, args.spec)
-    return json.loads(args.spec) if args.spec else None
+    return spec
 
 
 def prepare_model(args):
@@ -116,31 +131,34 @@ def statistics(args):
 def regimes(args):
     from . import regimes as rg
     from . import stats
+    from .config import SpikeRule
     from .io import read_table, write_table
 
+    rule = typed(SpikeRule, args.spec)
     runs = read_table(args.runs)
     verdict = read_verdicts(args.verdicts, "sweep")
-    write_table(rg.spike_table(stats.per_process(runs), json.loads(args.spec), verdict),
-                args.out)
+    write_table(rg.spike_table(stats.per_process(runs), rule, verdict), args.out)
 
 
 def selection(args):
     from . import stats
-    from .config import Confidence
+    from .config import Confidence, SpikeRule
     from .io import read_table, write_table
     from .selection import selection_table, spec_cells
 
     spec_runs = stats.read_raw_runs(args.speculative, "speculative")
     cells = spec_cells(spec_runs) if len(spec_runs) else spec_runs
-    write_table(selection_table(read_table(args.runs), cells, json.loads(args.regimes),
+    write_table(selection_table(read_table(args.runs), cells,
+                                typed(SpikeRule, args.regimes, "--regimes"),
                                 typed(Confidence, args.spec)), args.out)
 
 
 def regime_depth(args):
     from . import tables
+    from .config import Regimes
     from .regime_depth import depth_tables
 
-    frames = depth_tables(Path(args.runs), Path(args.regimes), json.loads(args.spec))
+    frames = depth_tables(Path(args.runs), Path(args.regimes), typed(Regimes, args.spec))
     tables.write_group(args.out, "regime_depth", frames)
 
 
@@ -152,15 +170,25 @@ def figures(args):
 
 def speculative(args):
     from . import quantized, study
+    from .config import SpeculativeJob
     from .io import write_raw
 
-    pair = json.loads(args.pair_spec)
-    pair.update({f"{role}_gguf": path for role, path in
-                 (("target", args.target_gguf), ("draft", args.draft_gguf)) if path})
-    spec = open_job(args, pair["target_device"], pair["draft_device"])
+    pair = recorded_pair(args)
+    spec = open_job(args, pair["target_device"], pair["draft_device"], settings=SpeculativeJob)
     df = study.run(args.target_dir, args.draft_dir, args.pair, pair, spec, args.repeat)
     df = quantized.with_target_divergence(df, pair, args.target_dir, spec)
     write_raw(df, args.out, *study.expected_rows(spec, pair))
+
+
+def recorded_pair(args) -> dict:
+    """--pair-spec, checked as a typed Pair, as the raw file records it (columns pair_*): its
+    keys as given, in their order, with the GGUF files of its llama.cpp roles."""
+    from .config import Pair
+
+    typed(Pair, args.pair_spec, "--pair-spec")
+    return json.loads(args.pair_spec) | {
+        f"{role}_gguf": path for role, path in
+        (("target", args.target_gguf), ("draft", args.draft_gguf)) if path}
 
 
 def convert_gguf(args):
@@ -171,20 +199,22 @@ def convert_gguf(args):
 
 def verify_cost(args):
     from . import quantized
+    from .config import ParallelismJob
     from .io import write_raw
     from .study import parallelism_rows
 
-    spec = open_job(args, args.device)
+    spec = open_job(args, args.device, settings=ParallelismJob)
     df = quantized.verify_cost_job(args.gguf, args.model, args.device, spec, args.repeat,
                                    args.threads)
-    write_raw(df, args.out, *parallelism_rows(spec["ks"], spec["inner"]))
+    write_raw(df, args.out, *parallelism_rows(spec.ks, spec.inner))
 
 
 def llama_peer(args):
     from . import llamapeer
+    from .config import SpeculativeJob
     from .io import write_raw
 
-    spec = open_job(args, args.device)
+    spec = open_job(args, args.device, settings=SpeculativeJob)
     df = llamapeer.peer_job(args.pair, args.target_gguf, args.draft_gguf, args.target_dir, spec,
                             args.repeat, args.threads, args.device)
     write_raw(df, args.out, *llamapeer.expected_rows(spec))
@@ -210,9 +240,10 @@ def quantized_stats(args):
 
 def long_context(args):
     from . import longstudy
+    from .config import LongJob
     from .io import write_raw
 
-    spec = open_job(args, args.backend)
+    spec = open_job(args, args.backend, settings=LongJob)
     drafters = dict(d.split("=", 1) for d in args.drafter_dir)
     df = longstudy.run(args.target_dir, args.target, drafters, args.backend, spec, args.repeat)
     write_raw(df, args.out, *longstudy.expected_rows(spec))
@@ -220,9 +251,10 @@ def long_context(args):
 
 def batched_throughput(args):
     from . import batchstudy
+    from .config import BatchedJob
     from .io import write_raw
 
-    spec = open_job(args, args.backend)
+    spec = open_job(args, args.backend, settings=BatchedJob)
     runs, costs = batchstudy.run(args.target_dir, args.draft_dir, args.backend, spec,
                                  args.repeat)
     write_raw(costs, args.costs, len(costs), "forward timings of the cost model")
@@ -248,17 +280,13 @@ def long_stats(args):
 
 
 def parallelism(args):
-    from . import models, study
-    from .devices import fingerprint
+    from . import study
+    from .config import ParallelismJob
     from .io import write_raw
 
-    spec = open_job(args, args.backend)
-    model = models.load(args.model_dir, args.backend, spec["dtype"], role="target")
-    df = study.parallelism(model, spec["ks"], spec["context"], spec["inner"],
-                           spec["seed"] + args.repeat)
-    meta = {"backend": args.backend, "model": args.model, "repeat": args.repeat,
-            **fingerprint(args.backend, spec)}
-    write_raw(df.assign(**meta), args.out, *study.parallelism_rows(spec["ks"], spec["inner"]))
+    spec = open_job(args, args.backend, settings=ParallelismJob)
+    df = study.parallelism_job(args.model_dir, args.model, args.backend, spec, args.repeat)
+    write_raw(df, args.out, *study.parallelism_rows(spec.ks, spec.inner))
 
 
 def speculative_stats(args):
@@ -354,7 +382,7 @@ def bench(args):
     pair, spec = bench_settings(args.config, args.pair, ks=args.ks, prompts=args.prompts,
                                 budget=args.budget)
     open_job(args, pair.target_device, pair.draft_device)
-    runs = study.run(args.target_dir, args.draft_dir, "bench", pair.job_spec(), spec.job_spec(),
+    runs = study.run(args.target_dir, args.draft_dir, "bench", pair.job_spec(), spec.job(),
                      repeat=0)
     table = stats.method_ratios(stats.spec_per_process(runs))
     write_table(table.reset_index(), args.out)

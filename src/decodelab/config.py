@@ -12,7 +12,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
 from . import tables
@@ -35,9 +35,31 @@ def frozen(value):
     return tuple(frozen(v) for v in value) if isinstance(value, list) else value
 
 
+def check_keys(cls, section: Mapping) -> None:
+    """An unknown key, or a missing one that `cls` has no default for, is a DecodelabError
+    naming it (the caller says where the section came from)."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = [key for key in section if key not in known]
+    if unknown:
+        raise DecodelabError(f"unknown key {unknown[0]!r} (known: {', '.join(known)})")
+    missing = [name for name, f in known.items() if name not in section
+               and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise DecodelabError(f"missing key {missing[0]!r}")
+
+
 def build(cls, section: Mapping):
     """A dataclass from a config section whose keys are its fields."""
+    check_keys(cls, section)
     return cls(**{key: frozen(value) for key, value in section.items()})
+
+
+def build_nested(cls, spec: Mapping, key: str):
+    """`build` of the section `key` of `spec`, its errors naming the section."""
+    try:
+        return build(cls, spec[key])
+    except DecodelabError as err:
+        raise DecodelabError(f"{key}: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -222,6 +244,54 @@ class Parallelism:
     inner: int = 5
 
 
+@dataclass(frozen=True)
+class ParallelismJob:
+    """One parallelism process's settings (`decodelab parallelism --spec`, and `verify-cost`'s,
+    whose dtype is the GGUF type)."""
+
+    ks: tuple[int, ...]
+    context: int
+    inner: int
+    dtype: str
+    seed: int
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> ParallelismJob:
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SpeculativeJob:
+    """One speculative process's settings (`decodelab speculative --spec`, and `llama-peer`'s):
+    the study's grid, its sampled mode and the seed."""
+
+    ks: tuple[int, ...]
+    modes: tuple[str, ...]
+    temperature: float
+    top_k: int
+    top_p: float
+    prompts: int
+    prompt_len: int
+    budget: int
+    hf_assisted: bool
+    seed: int
+
+    @property
+    def sampling(self) -> Sampling:
+        """The `sampled` mode's settings."""
+        return Sampling(self.temperature, self.top_k, self.top_p)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> SpeculativeJob:
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return asdict(self)
+
+
 # Passes per parallelism row: one pass of a small target lasts less than the scheduler's 10 ms
 # tick, so a single preemption doubled a row; the mean of a few does not.
 PASSES = 4
@@ -263,13 +333,19 @@ class Speculative:
                 "prompts": self.prompts, "prompt_len": self.prompt_len, "budget": self.budget,
                 "hf_assisted": self.hf_assisted}
 
-    def job_spec(self) -> dict:
+    def job(self) -> SpeculativeJob:
         """One speculative process's settings."""
-        return {**self.grid(), "seed": self.seed}
+        return SpeculativeJob(**self.grid(), seed=self.seed)
+
+    def job_spec(self) -> dict:
+        return self.job().job_spec()
+
+    def parallelism_job(self, dtype: str) -> ParallelismJob:
+        """One parallelism process's settings, in its target's dtype."""
+        return ParallelismJob(**asdict(self.parallelism), dtype=dtype, seed=self.seed)
 
     def parallelism_spec(self, dtype: str) -> dict:
-        """One parallelism process's settings, in its target's dtype."""
-        return {**asdict(self.parallelism), "dtype": dtype, "seed": self.seed}
+        return self.parallelism_job(dtype).job_spec()
 
     def section(self) -> dict:
         """The config section as given."""
@@ -326,9 +402,50 @@ class Long:
         """The longest sequence a run builds: context, new tokens and one proposal."""
         return max(self.lengths) + self.budget + max(self.ks)
 
-    def job_spec(self) -> dict:
+    def job(self) -> LongJob:
         """One long-context process's settings: all but the target's name and the repeats."""
-        return {k: v for k, v in asdict(self).items() if k not in ("target", "repeats")}
+        return LongJob(**{f.name: getattr(self, f.name) for f in fields(LongJob)
+                          if f.name != "document_tokens"})
+
+    def job_spec(self) -> dict:
+        return self.job().job_spec()
+
+
+@dataclass(frozen=True)
+class LongJob:
+    """One long-context process's settings (`decodelab long --spec`). `document_tokens`
+    (scripts/long_cuda.py): draw documents of at least this many tokens instead of the longest
+    length, so that calls of one length each draw the same documents; in the raw file's hash
+    only when set."""
+
+    lengths: tuple[int, ...]
+    kv_budgets: tuple[int, ...]
+    seed: int
+    drafters: tuple[str, ...]
+    device: str
+    dtype: str
+    policies: tuple[str, ...]
+    ks: tuple[int, ...]
+    modes: tuple[str, ...]
+    temperature: float
+    top_k: int
+    top_p: float
+    documents: int
+    budget: int
+    document_tokens: int | None = None
+
+    @property
+    def sampling(self) -> Sampling:
+        """The `sampled` mode's settings."""
+        return Sampling(self.temperature, self.top_k, self.top_p)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> LongJob:
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return {k: v for k, v in asdict(self).items()
+                if v is not None or k != "document_tokens"}
 
 
 @dataclass(frozen=True)
@@ -361,10 +478,36 @@ class Batched:
         """The longest sequence a row builds: context, new tokens and the widest proposal."""
         return max(self.contexts) + self.budget + 2 * self.k + 1
 
-    def job_spec(self) -> dict:
+    def job(self) -> BatchedJob:
         """One batched process's settings: all but the models' names and the repeats."""
-        return {k: v for k, v in asdict(self).items()
-                if k not in ("target", "draft", "repeats")}
+        return BatchedJob(**{f.name: getattr(self, f.name) for f in fields(BatchedJob)})
+
+    def job_spec(self) -> dict:
+        return self.job().job_spec()
+
+
+@dataclass(frozen=True)
+class BatchedJob:
+    """One batched process's settings (`decodelab batched --spec`)."""
+
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    seed: int
+    device: str
+    dtype: str
+    budget: int
+    k: int
+    policy: str
+    kv_budget: int
+    refresh_layer: int | None
+    rounds: int
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> BatchedJob:
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -410,13 +553,14 @@ class Verification:
     @classmethod
     def from_config(cls, section: Mapping, seed: int) -> Verification:
         return cls(pairs=frozen(section["pairs"]), k=section["k"], alpha=section["alpha"],
-                   seeds=section["seeds"], exact=build(ExactLevel, section["exact"]),
-                   monte_carlo=build(MonteCarloLevel, section["monte_carlo"]),
-                   real=build(RealLevel, section["real"]), seed=seed)
+                   seeds=section["seeds"], exact=build_nested(ExactLevel, section, "exact"),
+                   monte_carlo=build_nested(MonteCarloLevel, section, "monte_carlo"),
+                   real=build_nested(RealLevel, section, "real"), seed=seed)
 
     @classmethod
     def from_spec(cls, spec: Mapping) -> Verification:
         """A verification job's settings (`job_spec`): every level, no pairs."""
+        check_keys(cls, {**spec, "pairs": ()})
         return cls.from_config({**spec, "pairs": ()}, spec["seed"])
 
     def job_spec(self) -> dict:
@@ -442,7 +586,24 @@ class Onsets:
     run: int
 
 
-REGIME_RULE_KEYS = ("window", "threshold", "consistency", "alpha")
+@dataclass(frozen=True)
+class SpikeRule:
+    """The spike rule's settings (`decodelab regimes --spec`, `selection --regimes`)."""
+
+    window: int
+    threshold: float
+    consistency: float
+    alpha: float
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> SpikeRule:
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return asdict(self)
+
+
+REGIME_RULE_KEYS = tuple(f.name for f in fields(SpikeRule))
 
 
 @dataclass(frozen=True)
@@ -459,12 +620,22 @@ class Regimes:
     @classmethod
     def from_config(cls, section: Mapping) -> Regimes:
         rule = {k: section[k] for k in REGIME_RULE_KEYS}
-        return cls(**rule, changepoints=build(Changepoints, section["changepoints"]),
-                   onsets=build(Onsets, section["onsets"]))
+        return cls(**rule, changepoints=build_nested(Changepoints, section, "changepoints"),
+                   onsets=build_nested(Onsets, section, "onsets"))
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> Regimes:
+        """`decodelab regime-depth --spec` (`job_spec`)."""
+        check_keys(cls, spec)
+        return cls.from_config(spec)
+
+    @property
+    def rule(self) -> SpikeRule:
+        return SpikeRule(**{k: getattr(self, k) for k in REGIME_RULE_KEYS})
 
     def rule_spec(self) -> dict:
         """The spike rule's settings only: a change-point setting does not rerun the rule."""
-        return {k: getattr(self, k) for k in REGIME_RULE_KEYS}
+        return self.rule.job_spec()
 
     def job_spec(self) -> dict:
         return asdict(self)

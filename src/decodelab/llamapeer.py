@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import machine
+from .config import Sampling, SpeculativeJob
 from .devices import fingerprint
 from .errors import DecodelabError
 from .gguf_convert import llama_cpp_version
@@ -77,13 +78,13 @@ def parsed(text: str, patterns: dict[str, str], name: str) -> dict[str, float]:
     return out
 
 
-def sampling_args(mode: str, sampling: dict) -> list[str]:
+def sampling_args(mode: str, sampling: Sampling) -> list[str]:
     """llama.cpp's sampler as the project's: greedy, or temperature / top-k / top-p alone
     (llama.cpp's min-p of 0.05 and top-k of 40 off, no penalties)."""
     if mode == "greedy":
         return ["--temp", "0"]
-    return ["--temp", str(sampling["temperature"]), "--top-k", str(sampling["top_k"]),
-            "--top-p", str(sampling["top_p"]), "--min-p", "0"]
+    return ["--temp", str(sampling.temperature), "--top-k", str(sampling.top_k),
+            "--top-p", str(sampling.top_p), "--min-p", "0"]
 
 
 def gpu_layers(device: str) -> str:
@@ -137,32 +138,32 @@ def run_parsed(command: list[str], name: str, patterns: dict[str, str]) -> tuple
     return {**parsed(text, patterns, name), "attempts": ATTEMPTS}, state
 
 
-def speculative_row(target: Path, draft: Path, prompt: str, k: int, mode: str, spec: dict,
+def speculative_row(target: Path, draft: Path, prompt: str, k: int, mode: str, spec: SpeculativeJob,
                     threads: int, device: str, seed: int) -> dict:
     """One llama-speculative run: tokens, decode seconds and rate, drafted and accepted."""
     drafting = ["-md", str(draft), "--spec-draft-n-max", str(k), "-td", str(threads),
                 "-tbd", str(threads), "-ngld", gpu_layers(device)]
     row, state = run_parsed([str(program(SPECULATIVE)), *common_args(
-        target, prompt, spec["budget"], threads, device, seed), *sampling_args(mode, spec),
+        target, prompt, spec.budget, threads, device, seed), *sampling_args(mode, spec.sampling),
         *drafting], SPECULATIVE, SPECULATIVE_OUTPUT)
     row["acceptance"] = row["accepted"] / row["drafted"] if row["drafted"] else float("nan")
     return {"method": "speculative", "k": k, **row, **state}
 
 
-def autoregressive_row(target: Path, prompt: str, mode: str, spec: dict, threads: int,
+def autoregressive_row(target: Path, prompt: str, mode: str, spec: SpeculativeJob, threads: int,
                        device: str, seed: int) -> dict:
     """One llama-completion run: `budget` tokens; its decode time is everything after the
     prompt pass (as llama-speculative's), so sampling and printing count on both sides."""
-    args = common_args(target, prompt, spec["budget"], threads, device, seed)
-    row, state = run_parsed([str(program(AUTOREGRESSIVE)), *args, *sampling_args(mode, spec),
-                             "-no-cnv", "--no-display-prompt"], AUTOREGRESSIVE,
-                            AUTOREGRESSIVE_OUTPUT)
+    args = common_args(target, prompt, spec.budget, threads, device, seed)
+    row, state = run_parsed([str(program(AUTOREGRESSIVE)), *args,
+                             *sampling_args(mode, spec.sampling), "-no-cnv",
+                             "--no-display-prompt"], AUTOREGRESSIVE, AUTOREGRESSIVE_OUTPUT)
     seconds = (row.pop("total_ms") - row.pop("prompt_ms")) / 1e3
-    return {"method": "autoregressive", "k": 0, "tokens": float(spec["budget"]),
+    return {"method": "autoregressive", "k": 0, "tokens": float(spec.budget),
             "seconds": seconds, **row, **state}
 
 
-def prompt_texts(target_dir: str | Path, spec: dict) -> list[str]:
+def prompt_texts(target_dir: str | Path, spec: SpeculativeJob) -> list[str]:
     """The speculative study's held-out prompts (same seed) as text for llama.cpp."""
     from transformers import AutoTokenizer
 
@@ -173,18 +174,18 @@ def prompt_texts(target_dir: str | Path, spec: dict) -> list[str]:
                              "prompt, which its vocabulary-less GGUF cannot take (give the peer "
                              "a `train` or `hf` pair)")
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    ids = heldout_prompts(target_dir, spec["prompts"], spec["prompt_len"], spec["seed"])
+    ids = heldout_prompts(target_dir, spec.prompts, spec.prompt_len, spec.seed)
     return [tokenizer.decode(p) for p in ids]
 
 
-def expected_rows(spec: dict) -> tuple[int, str]:
-    per_prompt = len(spec["modes"]) * (len(spec["ks"]) + 1)
-    return spec["prompts"] * per_prompt, (f"{spec['prompts']} prompts x {len(spec['modes'])} "
-                                          f"modes x ({len(spec['ks'])} K + autoregressive)")
+def expected_rows(spec: SpeculativeJob) -> tuple[int, str]:
+    per_prompt = len(spec.modes) * (len(spec.ks) + 1)
+    return spec.prompts * per_prompt, (f"{spec.prompts} prompts x {len(spec.modes)} "
+                                          f"modes x ({len(spec.ks)} K + autoregressive)")
 
 
 def peer_job(pair: str, target: str | Path, draft: str | Path, target_dir: str | Path,
-             spec: dict, repeat: int, threads: int, device: str) -> pd.DataFrame:
+             spec: SpeculativeJob, repeat: int, threads: int, device: str) -> pd.DataFrame:
     """One process's rows: per prompt and mode llama.cpp's autoregressive run, then its
     speculative run at each K; seeds differ by repeat, as the speculative study's do."""
     target, draft = Path(target), Path(draft)
@@ -195,15 +196,15 @@ def peer_job(pair: str, target: str | Path, draft: str | Path, target_dir: str |
     job = machine.Job()
     rows = []
     for i, prompt in enumerate(prompt_texts(target_dir, spec)):
-        for mode in spec["modes"]:
-            seed = spec["seed"] + 1000 * repeat + i
+        for mode in spec.modes:
+            seed = spec.seed + 1000 * repeat + i
             rows.append({"prompt": i, "mode": mode, **autoregressive_row(
                 target, prompt, mode, spec, threads, device, seed)})
             rows += [{"prompt": i, "mode": mode, **speculative_row(
-                target, draft, prompt, k, mode, spec, threads, device, seed)} for k in spec["ks"]]
+                target, draft, prompt, k, mode, spec, threads, device, seed)} for k in spec.ks]
     df = pd.DataFrame(rows)
     df["tokens_per_s"] = df["tokens"] / df["seconds"]
     return df.assign(pair=pair, repeat=repeat, threads=threads, llama_device=device,
                      target_gguf=str(target), draft_gguf=str(draft),
                      llama_cpp_python=llama_cpp_version(), **job.columns(),
-                     **fingerprint(device, spec))
+                     **fingerprint(device, spec.job_spec()))

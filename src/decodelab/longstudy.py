@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from . import longctx, machine, models
-from .config import Sampling
+from .config import LongJob
 from .devices import fingerprint, memory_snapshot, reset_peak_memory
 from .errors import DecodelabError
 from .sparse_kv import Policy
@@ -87,15 +87,15 @@ def element_size(model) -> int:
     return next(model.parameters()).element_size()
 
 
-def run_speculative(target, drafter, prompt: list[int], cfg: dict, spec: dict, seed: int
+def run_speculative(target, drafter, prompt: list[int], cfg: dict, spec: LongJob, seed: int
                     ) -> dict:
-    s = Sampling.from_spec(spec).in_mode(cfg["mode"])
+    s = spec.sampling.in_mode(cfg["mode"])
     policy = Policy(cfg["policy"], cfg["kv_budget"], seed=seed)
-    out = longctx.generate(target, prompt, spec["budget"], cfg["k"], policy, s,
+    out = longctx.generate(target, prompt, spec.budget, cfg["k"], policy, s,
                            generators(target.device.type, seed),
                            generators(target.device.type, seed + 1), drafter=drafter)
     draft = drafter if drafter is not None else target
-    held = len(prompt) + spec["budget"]
+    held = len(prompt) + spec.budget
     view = held if cfg["policy"] == "full" else min(cfg["kv_budget"], held)
     return {"tokens": out.tokens, **engine_columns(out), "accepted": out.accepted,
             "proposals": out.proposals, "proposed": out.proposed, "target_calls": out.target_calls,
@@ -107,7 +107,8 @@ def run_speculative(target, drafter, prompt: list[int], cfg: dict, spec: dict, s
             "draft_kv_bytes": kv_bytes(draft.config, view, element_size(draft))}
 
 
-def run_baseline(target, drafter, prompt: list[int], cfg: dict, spec: dict, seed: int) -> dict:
+def run_baseline(target, drafter, prompt: list[int], cfg: dict, spec: LongJob, seed: int
+                 ) -> dict:
     """The fair baseline: the target alone in the speculative engine's loop."""
     return run_autoregressive(target, prompt, cfg, spec, seed)
 
@@ -115,40 +116,40 @@ def run_baseline(target, drafter, prompt: list[int], cfg: dict, spec: dict, seed
 METHODS = {"speculative": run_speculative, "autoregressive": run_baseline}
 
 
-def make_grid(spec: dict) -> list[dict]:
-    docs = range(spec["documents"])
+def make_grid(spec: LongJob) -> list[dict]:
+    docs = range(spec.documents)
     grid = []
     for length, policy, drafter, mode, k, doc in itertools.product(
-            spec["lengths"], spec["policies"], spec["drafters"], spec["modes"], spec["ks"], docs):
-        for budget in [0] if policy == "full" else spec["kv_budgets"]:
+            spec.lengths, spec.policies, spec.drafters, spec.modes, spec.ks, docs):
+        for budget in [0] if policy == "full" else spec.kv_budgets:
             grid.append({"method": "speculative", "length": length, "kv_budget": budget,
                          "policy": policy, "drafter": drafter, "mode": mode, "k": k,
                          "document": doc})
     grid += [{"method": "autoregressive", "length": length, "kv_budget": 0, "policy": "",
               "drafter": "", "mode": mode, "k": 0, "document": doc}
-             for length, mode, doc in itertools.product(spec["lengths"], spec["modes"], docs)]
+             for length, mode, doc in itertools.product(spec.lengths, spec.modes, docs)]
     return grid
 
 
-def expected_rows(spec: dict) -> tuple[int, str]:
+def expected_rows(spec: LongJob) -> tuple[int, str]:
     """How many rows one process writes, and what they are made of: its raw file's stamp."""
     grid = make_grid(spec)
     methods = ", ".join(f"{n} {m}" for m, n in Counter(c["method"] for c in grid).items())
-    return len(grid), (f"L in {list(spec['lengths'])} x B in {list(spec['kv_budgets'])} x "
-                       f"policies {list(spec['policies'])} x drafters {list(spec['drafters'])} "
-                       f"x modes {list(spec['modes'])} x K in {list(spec['ks'])} x "
-                       f"{spec['documents']} documents: {methods}")
+    return len(grid), (f"L in {list(spec.lengths)} x B in {list(spec.kv_budgets)} x "
+                       f"policies {list(spec.policies)} x drafters {list(spec.drafters)} "
+                       f"x modes {list(spec.modes)} x K in {list(spec.ks)} x "
+                       f"{spec.documents} documents: {methods}")
 
 
-def load_drafters(drafter_dirs: dict[str, str], spec: dict, backend: str) -> dict:
+def load_drafters(drafter_dirs: dict[str, str], spec: LongJob, backend: str) -> dict:
     """Drafter name -> model (None for `self`); every named drafter needs its directory."""
-    missing = [d for d in spec["drafters"] if d != SELF and d not in drafter_dirs]
+    missing = [d for d in spec.drafters if d != SELF and d not in drafter_dirs]
     if missing:
         raise DecodelabError(f"config 'long.drafters': no model directory given for "
                              f"{', '.join(missing)}")
-    return {d: None if d == SELF else models.load(drafter_dirs[d], backend, spec["dtype"],
+    return {d: None if d == SELF else models.load(drafter_dirs[d], backend, spec.dtype,
                                                   role="draft")
-            for d in spec["drafters"]}
+            for d in spec.drafters}
 
 
 def measured(method, target, drafter, prompt, cfg, spec, seed) -> dict:
@@ -162,36 +163,36 @@ def measured(method, target, drafter, prompt, cfg, spec, seed) -> dict:
 
 
 def run(target_dir: str, target_name: str, drafter_dirs: dict[str, str], backend: str,
-        spec: dict, repeat: int, progress: bool = True) -> pd.DataFrame:
+        spec: LongJob, repeat: int, progress: bool = True) -> pd.DataFrame:
     job = machine.Job()
-    target = models.load(target_dir, backend, spec["dtype"], role="target")
+    target = models.load(target_dir, backend, spec.dtype, role="target")
     drafters = load_drafters(drafter_dirs, spec, backend)
     # Documents long enough for `document_tokens` (default the longest L): a run of one length
     # alone then draws the documents the whole grid would.
-    shortest = spec.get("document_tokens") or max(spec["lengths"])
-    docs = heldout_documents(target_dir, spec["documents"], shortest, spec["seed"])
+    shortest = spec.document_tokens or max(spec.lengths)
+    docs = heldout_documents(target_dir, spec.documents, shortest, spec.seed)
     grid = make_grid(spec)
-    shuffle_seed = spec["seed"] + 7919 * repeat
+    shuffle_seed = spec.seed + 7919 * repeat
     random.Random(shuffle_seed).shuffle(grid)
-    warm = {"length": min(spec["lengths"]), "mode": spec["modes"][0], "k": min(spec["ks"]),
-            "policy": spec["policies"][0], "kv_budget": min(spec["kv_budgets"])}
+    warm = {"length": min(spec.lengths), "mode": spec.modes[0], "k": min(spec.ks),
+            "policy": spec.policies[0], "kv_budget": min(spec.kv_budgets)}
     for method in METHODS:  # warm-up, untimed
-        METHODS[method](target, drafters[spec["drafters"][0]], docs[0][1][:warm["length"]],
+        METHODS[method](target, drafters[spec.drafters[0]], docs[0][1][:warm["length"]],
                         warm, spec, 0)
     element = element_size(target)
     rows = []
     desc = f"long {target_name} rep{repeat}"
     for order, cfg in enumerate(tqdm(grid, desc=desc, disable=not progress, mininterval=1)):
-        seed = spec["seed"] + 1_000 * repeat + order
+        seed = spec.seed + 1_000 * repeat + order
         name, ids = docs[cfg["document"]]
         prompt = ids[:cfg["length"]]
         result = measured(cfg["method"], target, drafters.get(cfg["drafter"]), prompt, cfg,
                           spec, seed)
         rows.append({"order": order, **cfg, "document_name": name, **result,
-                     "verifier_kv_bytes": kv_bytes(target.config, len(prompt) + spec["budget"],
+                     "verifier_kv_bytes": kv_bytes(target.config, len(prompt) + spec.budget,
                                                    element),
                      "sample_seed": seed})
-    meta = {"target": target_name, "repeat": repeat, "budget": spec["budget"],
-            "dtype": spec["dtype"], "shuffle_seed": shuffle_seed,
-            **fingerprint(backend, spec), **job.columns()}
+    meta = {"target": target_name, "repeat": repeat, "budget": spec.budget,
+            "dtype": spec.dtype, "shuffle_seed": shuffle_seed,
+            **fingerprint(backend, spec.job_spec()), **job.columns()}
     return pd.DataFrame([{**meta, **row} for row in rows])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import study
+from .config import ParallelismJob, SpeculativeJob
 from .decode import first_divergence, margin
 from .devices import fingerprint
 from .llamacpp import Engine, backend_label, build_info, quantized_roles
@@ -25,13 +26,13 @@ def verify_cost(engine: Engine, ks: list[int], context: int, inner: int, seed: i
         llama_device=engine.compute_device, **build_info())
 
 
-def verify_cost_job(gguf: str | Path, model: str, device: str, spec: dict, repeat: int,
-                    threads: int = 0) -> pd.DataFrame:
+def verify_cost_job(gguf: str | Path, model: str, device: str, spec: ParallelismJob,
+                    repeat: int, threads: int = 0) -> pd.DataFrame:
     """One verify-cost process: its rows with the fingerprint of the device it ran on."""
     engine = Engine(gguf, threads=threads or None, device=device)
-    df = verify_cost(engine, spec["ks"], spec["context"], spec["inner"], spec["seed"] + repeat)
+    df = verify_cost(engine, spec.ks, spec.context, spec.inner, spec.seed + repeat)
     return df.assign(model=model, repeat=repeat, **{
-        k: v for k, v in fingerprint(device, spec).items() if k != "backend"})
+        k: v for k, v in fingerprint(device, spec.job_spec()).items() if k != "backend"})
 
 
 def with_divergence(runs: pd.DataFrame, target: Engine, prompts: list[list[int]]
@@ -53,12 +54,12 @@ def with_divergence(runs: pd.DataFrame, target: Engine, prompts: list[list[int]]
     return runs.assign(diverges_at=at, divergence_margin=gap)
 
 
-def with_target_divergence(runs: pd.DataFrame, pair: dict, target_dir: str | Path, spec: dict
-                           ) -> pd.DataFrame:
+def with_target_divergence(runs: pd.DataFrame, pair: dict, target_dir: str | Path,
+                           spec: SpeculativeJob) -> pd.DataFrame:
     """A speculative process's rows, with `with_divergence`'s columns where its target runs in
     llama.cpp (the same prompts, the target loaded afresh)."""
     if "target" not in quantized_roles(pair):
         return runs
-    prompts = heldout_prompts(target_dir, spec["prompts"], spec["prompt_len"], spec["seed"])
+    prompts = heldout_prompts(target_dir, spec.prompts, spec.prompt_len, spec.seed)
     return with_divergence(runs, Engine(pair["target_gguf"], device=pair["target_device"]),
                            prompts)

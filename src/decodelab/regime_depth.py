@@ -14,6 +14,7 @@ import pandas as pd
 
 from . import changepoints, collapse, memory, onsets, phases, variance
 from . import regimes as rg
+from .config import Regimes
 from .errors import DecodelabError
 from .io import as_bool, read_table
 from .stability import VERDICT, with_verdicts
@@ -41,21 +42,21 @@ def with_stability(step_ups: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     return with_verdicts(step_ups, cache_on, [c for c in GRID if c != "use_cache"])
 
 
-def depth_tables(runs_path: Path, regimes_path: Path, spec: dict) -> dict[str, pd.DataFrame]:
+def depth_tables(runs_path: Path, regimes_path: Path, spec: Regimes) -> dict[str, pd.DataFrame]:
     """Every regime_depth table by its key in `decodelab.tables` (group regime_depth)."""
     runs, table = read_inputs(runs_path, regimes_path)
     mem = [c for c in memory.MEMORY if c in runs.columns]
     proc = runs.groupby(GRID + ["repeat"], as_index=False)[METRICS + mem].median()
-    window, threshold, alpha = spec["window"], spec["threshold"], spec["alpha"]
-    cp = spec["changepoints"]
+    window, threshold, alpha = spec.window, spec.threshold, spec.alpha
+    cp = spec.changepoints
     try:
         points, curves = changepoints.find_changepoints(
-            proc, table, cp["model"], cp["penalty"], cp["min_size"], cp["noise_floor"])
+            proc, table, cp.model, cp.penalty, cp.min_size, cp.noise_floor)
     except ValueError as err:
         raise DecodelabError(f"regimes.changepoints: {err}") from err
-    steps = spec["onsets"]
+    steps = spec.onsets
     try:
-        step_ups = onsets.find_onsets(runs, steps["factor"], steps["baseline"], steps["run"])
+        step_ups = onsets.find_onsets(runs, steps.factor, steps.baseline, steps.run)
     except ValueError as err:
         raise DecodelabError(f"regimes.onsets: {err}") from err
     var = variance.decompose(runs)

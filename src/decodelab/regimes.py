@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from .config import SpikeRule
 from .stability import with_verdicts
 
 MIN_BUDGETS = 3  # with fewer budgets a curve has no "neighbours' trend" worth the name
@@ -270,13 +271,13 @@ SPIKE_BY = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "
 SPIKE_METRICS = ("total_s", "prefill_s", "decode_s")
 
 
-def spike_table(proc: pd.DataFrame, spec: dict, verdict: pd.DataFrame) -> pd.DataFrame:
-    """The regimes rule's table: the spike rule (settings `spec`) on each metric of the
-    per-process runs, every finding with its configuration's stability `verdict`
-    (`stability.verdicts`), so that one made in an unstable configuration is never a claim."""
-    found = [detect_spikes(proc, value=m, by=SPIKE_BY, window=spec["window"],
-                           threshold=spec["threshold"], consistency=spec["consistency"],
-                           alpha=spec["alpha"])
+def spike_table(proc: pd.DataFrame, rule: SpikeRule, verdict: pd.DataFrame) -> pd.DataFrame:
+    """The regimes rule's table: the spike rule on each metric of the per-process runs, every
+    finding with its configuration's stability `verdict` (`stability.verdicts`), so that one
+    made in an unstable configuration is never a claim."""
+    found = [detect_spikes(proc, value=m, by=SPIKE_BY, window=rule.window,
+                           threshold=rule.threshold, consistency=rule.consistency,
+                           alpha=rule.alpha)
              for m in SPIKE_METRICS]
     return with_verdicts(pd.concat(found, ignore_index=True), verdict, [*SPIKE_BY, "budget"])
 

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
-from .config import Confidence
+from .config import Confidence, SpikeRule
 from .regimes import repeat_ratios
 from .stats import GRID, METRICS, bootstrap_ci, median_ratio, per_process
 
@@ -408,9 +408,9 @@ def spike_claims(runs: pd.DataFrame, window: int, threshold: float, ci: Confiden
     return [*rows, kv_at(runs, found, ci)]
 
 
-def selection_table(runs: pd.DataFrame, spec_proc: pd.DataFrame, regimes: dict,
+def selection_table(runs: pd.DataFrame, spec_proc: pd.DataFrame, rule: SpikeRule,
                     ci: Confidence) -> pd.DataFrame:
     """The quoted bests; a claim whose stage measured nothing has no row."""
     rows = [speculative_best(spec_proc, ci), kv_best(runs, ci),
-            *spike_claims(runs, regimes["window"], regimes["threshold"], ci)]
+            *spike_claims(runs, rule.window, rule.threshold, ci)]
     return pd.DataFrame([r for r in rows if r is not None], columns=COLUMNS)

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from . import graphs, machine, models
-from .config import PASSES, Sampling, parallelism_span
+from .config import PASSES, ParallelismJob, SpeculativeJob, parallelism_span
 from .decode import decode, new_cache
 from .devices import fingerprint, now
 from .llamacpp import load_role, quantized_roles
@@ -38,9 +38,9 @@ def engine_columns(out: Result) -> dict:
             "overhead_per_call_s": out.overhead_s / out.target_calls}
 
 
-def run_speculative(target, draft, prompt, cfg, spec, seed) -> dict:
-    s = Sampling.from_spec(spec).in_mode(cfg["mode"])
-    out = generate(target, draft, prompt, spec["budget"], cfg["k"], s,
+def run_speculative(target, draft, prompt, cfg, spec: SpeculativeJob, seed) -> dict:
+    s = spec.sampling.in_mode(cfg["mode"])
+    out = generate(target, draft, prompt, spec.budget, cfg["k"], s,
                    generators(draft.device.type, seed), generators(target.device.type, seed + 1))
     return {"tokens": out.tokens, **engine_columns(out), "accepted": out.accepted,
             "proposals": out.proposals, "proposed": out.proposed, "target_calls": out.target_calls,
@@ -50,18 +50,18 @@ def run_speculative(target, draft, prompt, cfg, spec, seed) -> dict:
 
 def run_autoregressive(model, prompt, cfg, spec, seed) -> dict:
     """The fair baseline: `model` alone in the speculative engine's loop."""
-    s = Sampling.from_spec(spec).in_mode(cfg["mode"])
-    out = autoregressive(model, prompt, spec["budget"], s, generators(model.device.type, seed))
+    s = spec.sampling.in_mode(cfg["mode"])
+    out = autoregressive(model, prompt, spec.budget, s, generators(model.device.type, seed))
     return {"tokens": out.tokens, **engine_columns(out),
-            "step_s": (out.total_s - out.prefill_s) / max(spec["budget"] - 1, 1),
+            "step_s": (out.total_s - out.prefill_s) / max(spec.budget - 1, 1),
             "target_calls": out.target_calls}
 
 
 def run_stepped(model, prompt, cfg, spec, seed, role) -> dict:
     """The latency study's harness: a host sync after every step."""
-    s = Sampling.from_spec(spec).in_mode(cfg["mode"])
+    s = spec.sampling.in_mode(cfg["mode"])
     ids = torch.tensor([prompt], device=model.device)
-    out = decode(model, ids, spec["budget"], use_cache=True, temperature=s.temperature,
+    out = decode(model, ids, spec.budget, use_cache=True, temperature=s.temperature,
                  top_k=s.top_k, top_p=s.top_p, generator=generators(model.device.type, seed),
                  role=role)
     return {"tokens": out.tokens, "total_s": out.prefill_s + out.decode_s,
@@ -78,7 +78,7 @@ def run_hf_assisted(target, draft, prompt, cfg, spec, seed) -> dict:
     ids = torch.tensor([prompt], device=target.device)
     start = now(target.device)
     out = target.generate(ids, assistant_model=draft, do_sample=False,
-                          max_new_tokens=spec["budget"], eos_token_id=None, pad_token_id=0)
+                          max_new_tokens=spec.budget, eos_token_id=None, pad_token_id=0)
     total = now(target.device) - start
     return {"tokens": out[0, len(prompt):].tolist(), "total_s": total}
 
@@ -95,16 +95,16 @@ METHODS = {
 BASELINES = ["autoregressive", "autoregressive_stepped", "draft_autoregressive"]
 
 
-def make_grid(spec: dict, same_device: bool) -> list[dict]:
-    prompts = range(spec["prompts"])
+def make_grid(spec: SpeculativeJob, same_device: bool) -> list[dict]:
+    prompts = range(spec.prompts)
     grid = [{"method": "speculative", "mode": m, "k": k, "prompt": p}
-            for m, k, p in itertools.product(spec["modes"], spec["ks"], prompts)]
+            for m, k, p in itertools.product(spec.modes, spec.ks, prompts)]
     grid += [{"method": method, "mode": m, "k": 0, "prompt": p}
              for method, m, p in itertools.product(
-                 BASELINES, spec["modes"], prompts)]
-    if spec["hf_assisted"] and same_device and "greedy" in spec["modes"]:
+                 BASELINES, spec.modes, prompts)]
+    if spec.hf_assisted and same_device and "greedy" in spec.modes:
         grid += [{"method": "hf_assisted", "mode": "greedy", "k": k, "prompt": p}
-                 for k, p in itertools.product(spec["ks"], prompts)]
+                 for k, p in itertools.product(spec.ks, prompts)]
     return grid
 
 
@@ -113,12 +113,12 @@ def hf_peer(pair: dict) -> bool:
     return pair["target_device"] == pair["draft_device"] and not quantized_roles(pair)
 
 
-def expected_rows(spec: dict, pair: dict) -> tuple[int, str]:
+def expected_rows(spec: SpeculativeJob, pair: dict) -> tuple[int, str]:
     """How many rows one process writes, and what they are made of: its raw file's stamp."""
     grid = make_grid(spec, hf_peer(pair))
     methods = ", ".join(f"{n} {m}" for m, n in Counter(c["method"] for c in grid).items())
-    return len(grid), (f"K in {list(spec['ks'])} x modes {list(spec['modes'])} x "
-                       f"{spec['prompts']} prompts: {methods}")
+    return len(grid), (f"K in {list(spec.ks)} x modes {list(spec.modes)} x "
+                       f"{spec.prompts} prompts: {methods}")
 
 
 def load_pair(target_dir, draft_dir, pair: dict):
@@ -128,34 +128,46 @@ def load_pair(target_dir, draft_dir, pair: dict):
     return target, draft
 
 
-def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: dict, repeat: int,
+def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: SpeculativeJob,
+        repeat: int,
         progress: bool = True) -> pd.DataFrame:
     job = machine.Job()
-    key, longest = f"speculative.pairs.{pair_name}.engine", spec["prompt_len"] + spec["budget"]
+    key, longest = f"speculative.pairs.{pair_name}.engine", spec.prompt_len + spec.budget
     target, draft = (graphs.engine(m, pair.get("engine", "eager"), key, longest)
                      for m in load_pair(target_dir, draft_dir, pair))
-    prompts = heldout_prompts(target_dir, spec["prompts"], spec["prompt_len"], spec["seed"])
+    prompts = heldout_prompts(target_dir, spec.prompts, spec.prompt_len, spec.seed)
     grid = make_grid(spec, hf_peer(pair))
-    shuffle_seed = spec["seed"] + 7919 * repeat
+    shuffle_seed = spec.seed + 7919 * repeat
     random.Random(shuffle_seed).shuffle(grid)
     # Warm-up, untimed; a graph engine at every K, so that it has captured each shape.
-    ks = spec["ks"] if isinstance(target, graphs.Engine) else [2]
+    ks = spec.ks if isinstance(target, graphs.Engine) else [2]
     warm_up = [("speculative", k) for k in ks]
     for method, k in [*warm_up, ("autoregressive", 0), ("autoregressive_stepped", 0)]:
-        METHODS[method](target, draft, prompts[0], {"mode": spec["modes"][0], "k": k}, spec, 0)
+        METHODS[method](target, draft, prompts[0], {"mode": spec.modes[0], "k": k}, spec, 0)
     rows = []
     desc = f"speculative {pair_name} rep{repeat}"
     for order, cfg in enumerate(tqdm(grid, desc=desc, disable=not progress, mininterval=1)):
-        seed = spec["seed"] + 1_000 * repeat + order
+        seed = spec.seed + 1_000 * repeat + order
         with machine.watched() as load:
             result = METHODS[cfg["method"]](target, draft, prompts[cfg["prompt"]], cfg, spec,
                                             seed)
         rows.append({"order": order, **cfg, **result, "sample_seed": seed, **load})
     meta = {"pair": pair_name, **{f"pair_{k}": v for k, v in pair.items()}, "repeat": repeat,
-            "budget": spec["budget"], "prompt_len": spec["prompt_len"],
-            "shuffle_seed": shuffle_seed, **fingerprint(pair["target_device"], spec),
+            "budget": spec.budget, "prompt_len": spec.prompt_len,
+            "shuffle_seed": shuffle_seed, **fingerprint(pair["target_device"], spec.job_spec()),
             **job.columns()}
     return pd.DataFrame([{**meta, **row} for row in rows])
+
+
+def parallelism_job(model_dir: str, model_name: str, backend: str, spec: ParallelismJob,
+                    repeat: int) -> pd.DataFrame:
+    """One parallelism process (`decodelab parallelism`): `parallelism` on the target in the
+    job's dtype, its rows stamped with the job."""
+    model = models.load(model_dir, backend, spec.dtype, role="target")
+    df = parallelism(model, spec.ks, spec.context, spec.inner, spec.seed + repeat)
+    meta = {"backend": backend, "model": model_name, "repeat": repeat,
+            **fingerprint(backend, spec.job_spec())}
+    return df.assign(**meta)
 
 
 def parallelism_rows(ks: list[int], inner: int) -> tuple[int, str]:
