@@ -250,6 +250,7 @@ def test_remote_code_repository_is_refused_when_stdin_says_yes(hub, markers, tmp
     assert not any(name.endswith(".py") for name in fetched(hub, start))
 
 
+@pytest.mark.slow  # two downloads and loads of the GPT-2 files: 50 s
 def test_interrupted_download_leaves_nothing_a_rerun_takes_for_finished(gpt2_files, tmp_path):
     weights = gpt2_files["model.safetensors"]
     hub = HubServer()
@@ -287,6 +288,7 @@ def test_paper_offline_is_the_paper_profile_with_init_stand_ins():
     assert {p["target"] for p in pairs} >= {"gpt2-xl", "opt-1.3b", "target"}
 
 
+@pytest.mark.slow  # two dry runs of the 112-job paper DAG: 100 s on 2 loaded cores
 def test_paper_offline_smoke_plans_the_full_dags_jobs_with_smaller_amounts(tmp_path):
     full = snakemake(copy_workflow(tmp_path), "-n", "--cores", "1", "--configfile",
                      "config/paper-offline.yaml")

@@ -320,6 +320,7 @@ def planned_after(root: Path, config: Path) -> dict[str, int]:
     return {} if "Nothing to be done" in out else planned_jobs(out)
 
 
+@pytest.mark.slow  # a real sweep job and three dry runs: 40 s
 def test_changing_the_preflight_reruns_no_measuring_job(tmp_path):
     root = copy_workflow(tmp_path)
     snakemake(root, TARGET, "--cores", "1", "--configfile",

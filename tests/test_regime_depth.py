@@ -3,6 +3,8 @@ correlation and change points, each with the negative control it must pass."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -355,8 +357,6 @@ DEPTH_SPEC = {"window": 2, "threshold": 1.5, "consistency": 1.0, "alpha": 0.05,
 
 
 def run_verb(tmp_path, runs: pd.DataFrame, spec: dict = DEPTH_SPEC) -> tuple[int, object]:
-    import json
-
     from decodelab import cli
 
     stats_dir = tmp_path / "stats"
@@ -428,9 +428,13 @@ def test_verb_rejects_bad_input_with_a_message(tmp_path, capsys):
     from decodelab import cli
 
     rc = cli.main(["regime-depth", "--runs", str(tmp_path / "bad.parquet"), "--regimes",
-                   str(tmp_path / "stats" / "regimes.csv"), "--spec", "{}", "--out",
-                   str(tmp_path)])
+                   str(tmp_path / "stats" / "regimes.csv"), "--spec", json.dumps(DEPTH_SPEC),
+                   "--out", str(tmp_path)])
     assert rc == 2 and "prefill_s" in capsys.readouterr().err
+    rc = cli.main(["regime-depth", "--runs", str(tmp_path / "bad.parquet"), "--regimes",
+                   str(tmp_path / "stats" / "regimes.csv"), "--spec", "{}", "--out",
+                   str(tmp_path)])  # the spec is read first, and its first missing key named
+    assert rc == 2 and "--spec (Regimes): missing key 'window'" in capsys.readouterr().err
 
 
 def test_step_ups_reach_the_papers_macros(tmp_path):

@@ -142,6 +142,7 @@ def spec_cells(seed: int, processes: int, prompts: int, real: dict | None = None
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow  # SEEDS selections: fewer would loosen the rates it bounds
 def test_with_three_processes_the_prompts_split_and_the_null_stays_indistinguishable():
     rows = [selection.speculative_best(spec_cells(s, 3, 4), CI) for s in range(SEEDS)]
     assert rows[0]["selected_on"] == "prompts 1, 3 of each of 3 processes"
@@ -154,6 +155,7 @@ def test_with_three_processes_the_prompts_split_and_the_null_stays_indistinguish
     assert quiet >= 0.95 and naive_above >= 0.9
 
 
+@pytest.mark.slow  # SEEDS selections: fewer would loosen the coverage it bounds
 def test_with_three_processes_one_real_configuration_is_found_and_covered():
     rows = [selection.speculative_best(spec_cells(s, 3, 4, {("cpu-cuda", 3): 1.5}), CI)
             for s in range(SEEDS)]

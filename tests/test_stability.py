@@ -128,6 +128,7 @@ def default_build(seed: int, busy: float = 0.01, noise: float = QUIET_SCATTER) -
     return sweep_tables(runs, settings.stability)["stability"]
 
 
+@pytest.mark.slow  # 100 quiet builds: fewer would loosen its false-alarm bound
 def test_a_quiet_scatter_of_20_percent_passes_at_the_defaults_repeats_and_a_load_fails():
     first, second = (raw_runs(noise=QUIET_SCATTER, budgets=range(1, 200)).query(f"inner == {i}")
                      ["total_s"].to_numpy() for i in (0, 1))
