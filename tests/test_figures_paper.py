@@ -521,7 +521,7 @@ def test_the_long_pair_has_its_own_macros_and_leaves_the_standard_ones(ver_stats
     assert m["LongVerLogRatioPAcceptAll"] == r"\ensuremath{6.4\times10^{-6}}"
     assert m["ifLongVerLogRatioRejectsWrong"] == "true" and m["ifLongVerKeepsCorrect"] == "true"
     assert m["LongVerRejectionsLogRatioResampleFromP"] == "4 of 5"
-    assert m["ifLongVerLogRatioFullPower"] == "false"  # 4 of 5 is not every seed
+    assert m["LongVerPowerSeeds"] == "5" and m["LongVerPowerN"] == "1,024"
     assert m["LongVerGreedyFraction"] == r"100\%"
     table = (tmp_path / "after" / "tab_verification.tex").read_text()
     assert table.count(r"\texttt{long:self}") == 4  # one per check, on its first sampler

@@ -261,6 +261,13 @@ def split_long(t: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dic
     return standard, long
 
 
+# What the long section quotes of the standard check and power macros (as LongVer...).
+LONG_QUOTED = {"VerChiNCorrect", "VerPowerSeeds", "VerPowerN",
+               *(f"Ver{kind}{camel(s)}" for s in SAMPLER_ORDER
+                 for kind in ("McSingleP", "ChiP", "LogRatioP", "RejectionsChi",
+                              "RejectionsLogRatio"))}
+
+
 def long_macros(t: dict[str, pd.DataFrame], settings: dict
                 ) -> tuple[dict[str, str], dict[str, bool]]:
     """LongVer*: the verification levels on the long-context pair (config 'long.verification'):
@@ -277,13 +284,12 @@ def long_macros(t: dict[str, pd.DataFrame], settings: dict
         "LongVerLength": integer(v.get("length")),
         "LongVerPolicy": tt(v["policy"]) if "policy" in v else NONE,
         "LongVerBudget": integer(v.get("kv_budget")), "LongVerK": str(v.get("k", NONE)),
-        "LongVerTokens": integer(v.get("tokens")), "LongVerDocuments": str(v.get("documents",
-                                                                                 NONE)),
+        "LongVerDocuments": str(v.get("documents", NONE)),
         "LongVerExactPairs": integer(right1["n"].max()) if len(right1) else NONE,
         "LongVerExactErrCorrect": sci(right1["statistic"].max()) if len(right1) else NONE,
         "LongVerExactErrWrongMin": sci(wrong1["statistic"].min()) if len(wrong1) else NONE,
-        **{f"Long{k}": m for k, m in check_macros(t, pair).items()},
-        **{f"Long{k}": m for k, m in power_macros(t, pair).items()},
+        **{f"Long{k}": m for k, m in (check_macros(t, pair) | power_macros(t, pair)).items()
+           if k in LONG_QUOTED},
     }
     greedy, _ = greedy_macros(t["greedy"], pair)
     macros["LongVerGreedyFraction"] = greedy["VerGreedyFraction"]
@@ -292,9 +298,9 @@ def long_macros(t: dict[str, pd.DataFrame], settings: dict
              "LongVerExactPasses": bool(len(right1)) and not bool(right1["rejected"].any()),
              "LongVerKeepsCorrect": bool(len(full)) and not bool(
                  full[full["sampler"] == "correct"]["rejected"].any())}
-    for fragment in ("McSingle", "Chi", "LogRatio"):
-        flags |= {f"LongVer{k}": v for k, v in standard_flags(t, pair, fragment).items()
-                  if k.endswith(("RejectsWrong", "FullPower"))}
+    for fragment in ("Chi", "LogRatio"):
+        flags[f"LongVer{fragment}RejectsWrong"] = standard_flags(t, pair, fragment)[
+            f"{fragment}RejectsWrong"]
     return macros, flags
 
 
