@@ -11,7 +11,10 @@ with deliberately wrong rejection rules (negative controls) that it must reject.
 3. Real model, two samples: tokens sampled from the target autoregressively and speculatively at
    temperature 1, compared with a 2 x (top + 1) chi-square of token frequencies (its p-value
    from swapping whole sequences between the samples) and with a per-sequence
-   log-likelihood-ratio t-test; and greedy agreement.
+   log-likelihood-ratio t-test; and greedy agreement. The engine (`Speculate`) and the draft
+   law of the t-test (`LogProbs`) are parameters: the long-context pair drafts through a sparse
+   KV view (`decodelab.verify.run_long`), and level 1 also takes the (p, q) rows an engine's
+   rule receives (`engine_pairs`).
 
 The wrong rules: `accept_all` keeps every draft token (it emits q, not p); `resample_from_p` has
 the right acceptance test but resamples from p instead of the residual after a rejection (it

@@ -177,8 +177,9 @@ def reference_rows(comparison: pd.DataFrame) -> pd.DataFrame:
     such reference, its quantities as the long tables' columns (speedup, ci_low, ci_high, alpha,
     alpha_low, alpha_high), plus reference and reference_device."""
     columns = {q: c for table in rf.LONG.values() for c, q in table.items()}
-    if not len(comparison) or "quantity" not in comparison:
+    if not len(comparison):
         return pd.DataFrame()
+    comparison = comparison.reindex(columns=rf.COLUMNS)  # a table from before the long keys
     rows = comparison[comparison["quantity"].isin(columns) & (comparison["backend"] == "cuda")
                       & (comparison["status"] != "only local")]
     if not len(rows):
