@@ -274,6 +274,68 @@ def test_a_cuda_references_speculative_and_verification_results_reach_the_macros
     assert not flags["RefCudaSpecSelected"] and macros["RefCudaSpecSel"] == artifact.NONE
 
 
+def write_long(stats: Path, backend: str, speedup: float) -> Path:
+    """A long-context study's speedup and acceptance tables: self-speculation with retrieval
+    and the full cache at two context lengths, greedy, the second length's speedup halved."""
+    rows = []
+    for length, scale in ((4096, 1.0), (8192, 0.5)):
+        for policy, budget, alpha in (("full", 0, 1.0), ("retrieval", 256, 0.8)):
+            rows.append({"target": "long-target", "backend": backend, "drafter": "self",
+                         "policy": policy, "kv_budget": budget, "length": length,
+                         "mode": "greedy", "k": 4, "alpha": alpha, "ci_low": alpha - 0.05,
+                         "ci_high": min(alpha + 0.05, 1.0), "speedup": speedup * scale,
+                         "n": 3})
+    stats.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame(rows)
+    df.drop(columns=["speedup"]).assign(
+        proposal_acceptance=df["alpha"], proposal_ci_low=df["ci_low"],
+        proposal_ci_high=df["ci_high"], tokens_per_call=3.0).to_csv(
+        stats / "long_acceptance.csv", index=False)
+    df.assign(ci_low=df["speedup"] * 0.9, ci_high=df["speedup"] * 1.1, spec_s=1.0,
+              autoregressive_s=df["speedup"], cost_ratio=0.5, predicted=df["speedup"]).to_csv(
+        stats / "long_speedup.csv", index=False)
+    return stats
+
+
+def test_a_references_sub_study_is_a_reference_of_its_own(tmp_path):
+    # results/reference/cuda-h200/long/stats: read as 'cuda-h200/long', on its own quantities,
+    # its device from cuda-h200's environment; a sub-study with no key numbers is left out.
+    local = host_dir(tmp_path / "local")
+    write_long(local / "stats", "cpu", 0.8)
+    host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",), pairs=("cuda-cuda",))
+    write_long(tmp_path / "reference" / "cuda-h200" / "long" / "stats", "cuda", 1.5)
+    batched = tmp_path / "reference" / "cuda-h200" / "batched" / "stats"
+    batched.mkdir(parents=True)
+    (batched / "batched_costs.csv").write_text("backend,batch\ncuda,1\n")
+    cpu_long = write_long(tmp_path / "reference" / "default-cpu" / "long" / "stats", "cpu", 0.4)
+    shutil.copy(local / "stats" / "models.csv", cpu_long)  # rows match on the same models
+    refs = reference.reference_dirs(tmp_path / "reference")
+    assert set(refs) == {"cuda-h200", "cuda-h200/long", "cuda-h200/batched", "default-cpu/long"}
+    table = reference.compare(local / "stats", refs)
+    assert set(table["reference"]) == {"cuda-h200", "cuda-h200/long", "default-cpu/long"}
+    long = table[table["reference"] == "cuda-h200/long"]
+    assert set(long["quantity"]) == {"long_speedup", "long_speedup_low", "long_speedup_high",
+                                     "long_alpha", "long_alpha_low", "long_alpha_high"}
+    assert len(long) == 2 * 6 * 4  # only local (cpu) and only reference (cuda), 4 settings
+    assert set(long["reference_device"]) - {""} == {"cuda device_0"}  # cuda-h200's
+    cpu = table[(table["reference"] == "default-cpu/long") & (table["quantity"] ==
+                                                               "long_speedup")]
+    assert (cpu["status"] == "matched").all() and cpu["ratio"].round(9).eq(2.0).all()
+    # the paper's long section quotes the CUDA one from the comparison, nothing typed
+    table.to_csv(local / "stats" / "reference_comparison.csv", index=False)
+    m = generate(local / "stats", tmp_path / "gen")
+    assert m["ifLongRefReady"] == "true" and m["LongRefName"] == r"\texttt{cuda-h200/long}"
+    assert m["LongRefDevice"] == "cuda device\\_0" and m["LongRefLengths"] == "4096, 8192"
+    assert m["LongRefSelfSentence"] == (
+        r"self-speculation with retrieval runs 1.50 to 1.50$\times$ at $L=4,096$ and 0.750 "
+        r"to 0.750$\times$ at $L=8,192$, its interval above 1 in 1 of 2 settings")
+    assert m["LongRefSpeedupSentence"].startswith(r"1.50 [1.35, 1.65] at $L=4,096$")
+    assert "full cache is 1.00 to 1.00" in m["LongRefFullSentence"]
+    # without a CUDA reference of the study, the flag is false and the macros say so
+    empty = generate(host_dir(tmp_path / "bare")  / "stats", tmp_path / "gen2")
+    assert empty["ifLongRefReady"] == "false" and empty["LongRefSelfSentence"] == "--"
+
+
 def test_comparison_without_references_is_empty(tmp_path):
     local = host_dir(tmp_path / "local")
     assert reference.reference_dirs(tmp_path / "absent") == {}

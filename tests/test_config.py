@@ -67,7 +67,9 @@ def test_job_specs_are_the_config_sections_as_given(profile):
         "host": "h", "backends": config["backends"], "shuffle_seed": config["seed"], **sweep,
         "models": {n: config["models"][n] for n in sweep["models"]},
         "regimes": config["regimes"], "stats": config["stats"], "speculative": spec,
-        "verification": verify})
+        "verification": verify,
+        **({"long_verification": config["long"]["verification"]}
+           if "verification" in config.get("long", {}) else {})})
 
 
 def test_settings_are_typed_and_frozen():

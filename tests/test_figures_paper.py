@@ -13,12 +13,14 @@ from fixtures import (
     ROOT,
     build_paper,
     chi_passes,
+    defined_macros,
     empty_tables,
     generate,
     overfull,
     settings_dict,
     strip_comments,
     tex_sources,
+    verification_row,
     write_selection,
     write_spec_stats,
     write_stability,
@@ -465,6 +467,64 @@ def test_verification_tables(ver_stats, tmp_path):
     power = (tmp_path / "gen" / "tab_power.tex").read_text()
     assert "rejected at 0.01" in power and "4 / 10 & 40.0\\% & power" in power
     assert power.count("false rejections") == 6
+
+
+LONG_PAIR = "long:self"
+LONG_P = {  # check -> sampler -> p-value of the long pair's full-size rows
+    "Monte Carlo, one step, long-context pair": {"correct": 0.53, "accept_all": 1e-200,
+                                                 "resample_from_p": 2e-20},
+    "two-sample chi-square": {"correct": 0.95, "accept_all": 0.36, "resample_from_p": 0.30},
+    "log-ratio t-test": {"correct": 0.36, "accept_all": 6.4e-6, "resample_from_p": 3.5e-5},
+}
+
+
+def with_long_pair(stats_dir: Path) -> Path:
+    """The verification tables with a long-context pair's rows added: every level, the
+    chi-square missing both wrong rules and the log-ratio test rejecting them."""
+    def add(name: str, rows: list[dict]) -> None:
+        path = stats_dir / f"verification_{name}.csv"
+        pd.concat([pd.read_csv(path), pd.DataFrame(rows)]).to_csv(path, index=False)
+
+    samplers = ("correct", "accept_all", "resample_from_p")
+    levels = [verification_row(1, "one step, long-context pairs", s, e, 300, pair=LONG_PAIR)
+              for s, e in zip(samplers, (1.1e-16, 0.36, 0.18), strict=True)]
+    levels += [verification_row(2 if "Monte" in check else 3, check, s, 1.0, 3072, p=p,
+                                pair=LONG_PAIR)
+               for check, ps in LONG_P.items() for s, p in ps.items()]
+    add("levels", levels)
+    add("power", [{"level": 3, "check": check, "pair": LONG_PAIR, "sampler": s, "seeds": 5,
+                   "alpha": 0.01, "rejections": r, "rate": r / 5, "n": 1024}
+                  for check in ("two-sample chi-square", "log-ratio t-test")
+                  for s, r in zip(samplers, (0, 5, 4) if "log" in check else (0, 1, 0),
+                                  strict=True)])
+    add("greedy", [{"pair": LONG_PAIR, "prompts": 4, "fraction_equal": 1.0, "divergences": 0,
+                    "min_margin": None}])
+    return stats_dir
+
+
+def test_the_long_pair_has_its_own_macros_and_leaves_the_standard_ones(ver_stats, tmp_path):
+    before = generate(ver_stats, tmp_path / "before")
+    check = {"length": 128, "policy": "retrieval", "kv_budget": 32, "drafter": "self", "k": 3,
+             "documents": 4, "tokens": 3072, "power_tokens": 1024, "seeds": 5}
+    write_generated(with_long_pair(ver_stats), {**settings_dict(), "long_verification": check},
+                    tmp_path / "after")
+    m = defined_macros((tmp_path / "after" / "macros.tex").read_text())
+    standard = {k: v for k, v in before.items() if not k.startswith(("LongVer", "ifLongVer"))}
+    assert {k: m[k] for k in standard} == standard  # VerNumPairsRun, VerExactErr... unchanged
+    assert before["ifLongVerRan"] == "false" and before["LongVerChiPCorrect"] == "--"
+    assert m["ifLongVerRan"] == "true" and m["LongVerPair"] == r"\texttt{long:self}"
+    assert m["LongVerLength"] == "128" and m["LongVerPolicy"] == r"\texttt{retrieval}"
+    assert m["LongVerExactErrCorrect"] == r"\ensuremath{1.1\times10^{-16}}"
+    assert m["LongVerExactErrWrongMin"] == "0.180" and m["ifLongVerExactPasses"] == "true"
+    assert m["LongVerMcSinglePResampleFromP"] == r"\ensuremath{2.0\times10^{-20}}"
+    assert m["LongVerChiPAcceptAll"] == "0.360" and m["ifLongVerChiRejectsWrong"] == "false"
+    assert m["LongVerLogRatioPAcceptAll"] == r"\ensuremath{6.4\times10^{-6}}"
+    assert m["ifLongVerLogRatioRejectsWrong"] == "true" and m["ifLongVerKeepsCorrect"] == "true"
+    assert m["LongVerRejectionsLogRatioResampleFromP"] == "4 of 5"
+    assert m["LongVerPowerSeeds"] == "5" and m["LongVerPowerN"] == "1,024"
+    assert m["LongVerGreedyFraction"] == r"100\%"
+    table = (tmp_path / "after" / "tab_verification.tex").read_text()
+    assert table.count(r"\texttt{long:self}") == 4  # one per check, on its first sampler
 
 
 @pytest.mark.parametrize("value, text", [

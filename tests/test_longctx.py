@@ -15,7 +15,7 @@ from decodelab.config import Sampling
 from decodelab.configcheck import schema_problem
 from decodelab.decode import decode
 from decodelab.errors import DecodelabError
-from decodelab.longctx import SeparateDraft, generate
+from decodelab.longctx import SeparateDraft, first_draft_log_probs, generate
 from decodelab.sparse_kv import POLICIES, Policy
 from decodelab.speculative import Spans, feed
 
@@ -193,3 +193,29 @@ def test_an_unknown_arch_is_refused_by_key(tmp_path):
     assert "arch" in schema_problem(config, ROOT / "workflow/schemas/config.schema.yaml")
     config["models"]["target"]["arch"] = "llama"
     assert schema_problem(config, ROOT / "workflow/schemas/config.schema.yaml") is None
+
+
+@pytest.mark.parametrize("name", ["sink_window", "retrieval"])
+@pytest.mark.parametrize("separate", [False, True], ids=["self", "drafter"])
+def test_the_first_draft_steps_law_is_the_engines(model, drafter, name, separate):
+    # With K = 1 every draft is a proposal's first: the law the rule received at each proposal
+    # must be first_draft_log_probs' at that token (the verification's log-ratio statistic).
+    laws = []
+
+    def recording(p, q, drafted, generator=None):
+        laws.append(q[0].log())
+        return eq.SAMPLERS["correct"](p, q, drafted, generator)
+
+    prompt, policy = tokens(60, seed=8), Policy(name, budget=24)
+    out = generate(model, prompt, 12, 1, policy, Sampling(temperature=1.0),
+                   torch.Generator().manual_seed(0), torch.Generator().manual_seed(1),
+                   accept=recording, drafter=drafter if separate else None)
+    ids, at = prompt + out.tokens, len(prompt)
+    want = first_draft_log_probs(drafter if separate else model, policy, ids, at)
+    for law, n in zip(laws, out.accepted, strict=True):  # proposals at len(prompt), ...
+        torch.testing.assert_close(law[ids[at]].float(), want[at - len(prompt)], atol=1e-4,
+                                   rtol=1e-4)
+        at += n + 1
+    # the control: the full cache's law is another one
+    full = eq.full_log_probs(model)(ids, len(prompt))
+    assert (full - want).abs().max() > 1e-2

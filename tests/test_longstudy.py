@@ -17,6 +17,7 @@ from decodelab import cli, longstats, longstudy, sources, speculative, train
 from decodelab.config import (
     Confidence,
     LongJob,
+    LongVerificationJob,
     Settings,
     check_long,
     check_positions,
@@ -193,10 +194,15 @@ def test_the_default_and_gpu_profiles_plan_the_study():
         check_long(s)
         given = yaml.safe_load((ROOT / profile).read_text())["long"]
         spec = json.loads(json.dumps(s.long.job_spec()))  # as the rule passes it
-        assert {k: spec[k] for k in given if k not in ("target", "repeats")} == {
-            k: v for k, v in given.items() if k not in ("target", "repeats")}
-        assert spec["seed"] == s.seed and "target" not in spec
+        apart = ("target", "repeats", "verification")  # the study's hash ignores the last
+        assert {k: spec[k] for k in given if k not in apart} == {
+            k: v for k, v in given.items() if k not in apart}
+        assert spec["seed"] == s.seed and not set(apart) & set(spec)
         assert s.position_needs()[s.long.target][0] == s.long.longest
+        job = json.loads(json.dumps(s.long.verification_spec()))
+        assert job == {"check": given["verification"], "device": s.long.device,
+                       "dtype": s.long.dtype, "seed": s.seed}
+        assert LongVerificationJob.from_spec(job).check == s.long.verification
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -219,6 +225,43 @@ def test_a_bad_long_model_is_refused_by_key(edit, message):
 ])
 def test_a_bad_long_value_is_refused_by_the_schema_naming_it(edit, key):
     assert schema_problem(config(**edit), SCHEMA).startswith(f"config '{key}'")
+
+
+def verification(**edit) -> dict:
+    c = config()
+    c["long"]["verification"] = {**c["long"]["verification"], **edit}
+    return c
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"drafter": "long-target"}, "config 'long.verification.drafter': 'long-target' is not one "
+                                 "of 'long.drafters' (self)"),
+    ({"kv_budget": 16}, "config 'long.verification.kv_budget': policy 'retrieval' keeps at "
+                        "least 23 tokens, got 16"),
+    ({"kv_budget": 128}, "config 'long.verification.kv_budget': 128 tokens is no sparse view "
+                         "of a 128-token context"),
+], ids=["drafter not in the study", "budget under the policy's least", "budget covers L"])
+def test_a_bad_long_verification_is_refused_by_key(edit, message):
+    with pytest.raises(DecodelabError) as err:
+        check_long(long_settings(verification(**edit)))
+    assert str(err.value).startswith(message)
+    check_long(long_settings(verification(policy="full", kv_budget=128)))  # no view: no budget
+
+
+@pytest.mark.parametrize("edit, key", [
+    ({"policy": "sinks"}, "long.verification.policy"), ({"length": 8}, "long.verification.length"),
+    ({"tokens": 10}, "long.verification.tokens"), ({"lenght": 64}, "long.verification.lenght"),
+])
+def test_a_bad_long_verification_value_is_refused_by_the_schema_naming_it(edit, key):
+    assert schema_problem(verification(**edit), SCHEMA).startswith(f"config '{key}'")
+
+
+def test_a_target_too_short_for_the_verification_context_is_refused_by_key():
+    s = long_settings(verification(length=300, kv_budget=64))
+    with pytest.raises(DecodelabError, match=r"the 367 tokens of config 'long.verification' "
+                                             r"\(length 300 \+ verification.real.budget 64 "
+                                             r"\+ K 3\)"):
+        check_positions(s, s.position_needs())
 
 
 def test_the_schema_lists_the_policies_of_sparse_kv():

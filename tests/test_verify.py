@@ -1,11 +1,19 @@
 """The verification stage's runner: every level emits rows for the right and the wrong rules,
 and each wrong rule is rejected where the level has the power to."""
 
-import pytest
+import json
+from dataclasses import replace
+from functools import partial
 
+import pytest
+from llama import tiny_llama, tokens
+
+from decodelab import cli, sources, verify
 from decodelab import equivalence as eq
-from decodelab import verify
 from decodelab.config import Pair, Verification
+from decodelab.io import read_report
+from decodelab.longctx import first_draft_log_probs
+from decodelab.sparse_kv import Policy
 
 SPEC = Verification.from_spec({"k": 2, "alpha": 0.01, "seeds": 3, "seed": 5,
         "exact": {"random_pairs": 12, "vocab_sizes": [2, 50], "concentrations": [0.5, 5.0],
@@ -53,3 +61,63 @@ def test_real_level_reports_both_tests_greedy_and_power(tiny_pair):
     again = eq.two_sample_test(samples["autoregressive"], samples["correct"],
                                SPEC.real.top, SPEC.real.budget)
     assert again["chi2"] == pytest.approx(chi[0]["statistic"])
+
+
+# -----------------------------------------------------------------------------
+# the long-context pair: the levels through a sparse draft cache (config 'long.verification')
+
+
+def peaked_llama(seed):
+    model = tiny_llama(seed=seed, vocab=8)
+    model.lm_head.weight.data *= 10  # peaked enough that the sparse draft's law is far from p
+    return model
+
+
+def test_the_long_pair_keeps_the_target_law_and_rejects_both_wrong_rules(one_thread):
+    # The target drafts for itself through a sink + window view of 5 of its 24+ cached tokens.
+    model = peaked_llama(6)
+    prompts = [tokens(24, seed=s, vocab=8) for s in range(4)]
+    policy = Policy("sink_window", 5)
+    speculate = verify.sparse_speculate(policy, self_draft=True)
+    spec = replace(SPEC, real=replace(SPEC.real, tokens=512, power_tokens=256))
+    p, q = eq.engine_pairs(model, model, prompts, 60, spec.k, 0, spec.real.budget, speculate)
+    check = eq.pair_check(p, q)
+    assert len(p) == 60 and check["beta_mean"] < 0.95  # q is the sparse view's, not p
+    rows, power, _ = verify.long_levels_one_two(spec, "long:self", p, q, check)
+    three = verify.level_three(spec, "long:self", model, model, prompts, prompts, speculate,
+                               partial(first_draft_log_probs, model, policy))
+    rows += three["results"]
+    assert {r["level"] for r in rows} == {1, 2, 3} and {r["pair"] for r in rows} == {"long:self"}
+    # Every verdict as expected, but the chi-square of token frequencies on the wrong rules: at
+    # 512 tokens it tells neither apart here (p 0.3-0.4); the log-ratio test does (p < 1e-4).
+    decisive = [r for r in rows if r["sampler"] == "correct" or "chi-square" not in r["check"]]
+    assert len(decisive) == len(rows) - 2
+    assert all(r["rejected"] == r["expected_rejected"] for r in decisive), [
+        (r["check"], r["sampler"], r["p_value"]) for r in decisive]
+    ratio = {r["sampler"]: r["rate"] for r in three["power"] if r["check"] == "log-ratio t-test"}
+    assert ratio["correct"] == 0 and ratio["accept_all"] > 0 and ratio["resample_from_p"] > 0
+    assert three["greedy"][0]["fraction_equal"] == 1.0  # greedy speculation is the target's
+
+
+def test_the_verb_runs_every_level_on_a_long_pair(tmp_path, one_thread):
+    sources.prepare({"source": "init", "preset": "llama-tiny", "seed": 1}, tmp_path / "m")
+    check = {"length": 48, "policy": "retrieval", "kv_budget": 24, "drafter": "self", "k": 2,
+             "documents": 2, "tokens": 64, "power_tokens": 32, "seeds": 2}
+    job = {"check": check, "device": "cpu", "dtype": "float32", "seed": 0}
+    out = tmp_path / "long_cpu.json"
+    code = cli.main(["verify-long", "--spec", json.dumps(SPEC.job_spec()), "--long-spec",
+                     json.dumps(job), "--target-dir", str(tmp_path / "m"), "--threads", "1",
+                     "--out", str(out)])
+    assert code == 0
+    report = read_report(out, cli.verify_rule(str(out)))
+    assert cli.verify_rule(str(out)) == "verify_long"
+    assert report["settings"] == {**check, "device": "cpu"}
+    levels = {(r["level"], r["check"]) for r in report["results"]}
+    assert levels == {(1, "one step, long-context pairs"),
+                      (2, "Monte Carlo, one step, long-context pair"),
+                      (3, "two-sample chi-square"), (3, "log-ratio t-test")}
+    one = [r for r in report["results"] if r["level"] == 1]
+    assert all(r["rejected"] == r["expected_rejected"] for r in one)
+    assert {r["pair"] for r in report["power"]} == {"long:self"}
+    assert len(report["pvalues"]) == 3 * 3 * check["seeds"]  # three checks, every rule
+    assert all(len(t) >= check["tokens"] for t in report["samples"].values())

@@ -160,7 +160,8 @@ def test_conda_env_pins_equal_requirements_lock(env_file):
 DOWNSTREAM = {"merge_hosts", "figures", "speculative_figures", "verification_figures",
               "quantized_figures", "long_figures", "batched_figures", "paper", "all"}
 MEASURING = {"prepare_model", "sweep", "speculative", "parallelism", "verify_cost", "gguf", "long",
-             "batched", "verify_exact", "verify_monte_carlo", "verify_real", "model_table"}
+             "batched", "verify_exact", "verify_monte_carlo", "verify_real", "verify_long",
+             "model_table"}
 FIGURES = ["latency", "kv_speedup", "acceptance", "speedup", "parallelism", "theory",
            "verification_tokens", "verification_pvalues", "regime_depth", "changepoints"]
 

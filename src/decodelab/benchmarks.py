@@ -36,7 +36,8 @@ def rule_of(path: str) -> str:
         return "parallelism"
     if "verification" in parts:
         stem = Path(path).stem
-        return VERIFY_RULES.get(stem, "verify_real" if stem.startswith("real_") else stem)
+        prefix = stem.split("_")[0]
+        return VERIFY_RULES.get(stem, f"verify_{prefix}" if prefix in ("real", "long") else stem)
     if "long" in parts:
         return "long"
     if "batched" in parts:

@@ -343,10 +343,24 @@ def verify(args):
     write_report(out, args.out)
 
 
+def verify_long(args):
+    from . import verify as vf
+    from .config import LongVerificationJob, Verification
+    from .io import write_report
+
+    job = typed(LongVerificationJob, args.long_spec)
+    spec = open_job(args, job.device, settings=Verification)
+    write_report(vf.run_long(spec, job, args.target_dir, args.draft_dir), args.out)
+
+
 def verify_rule(report: str) -> str:
-    """The rule that writes a report: verification/{exact,monte_carlo,real_<pair>}.json."""
+    """The rule that writes a report: verification/{exact,monte_carlo,real_<pair>,
+    long_<backend>}.json."""
     stem = Path(report).stem
-    return "verify_real" if stem.startswith("real_") else f"verify_{stem}"
+    for prefix in ("real", "long"):
+        if stem.startswith(f"{prefix}_"):
+            return f"verify_{prefix}"
+    return f"verify_{stem}"
 
 
 REPORT_KEYS = {"levels": "results"}  # a verification table -> its rows' key in the reports
@@ -713,6 +727,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
     p.set_defaults(func=verify)
+
+    p = verbs.add_parser("verify-long", help="every verification level on the long-context "
+                         "pair (config long.verification), as JSON")
+    p.add_argument("--spec", required=True, help="config verification, as JSON")
+    p.add_argument("--long-spec", required=True, help="config long.verification's job, as JSON")
+    p.add_argument("--target-dir", required=True)
+    p.add_argument("--draft-dir", help="the drafter's model directory (none: self)")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=verify_long)
 
     p = verbs.add_parser("verify-stats", help="flatten the verification reports into tables")
     p.add_argument("--out", required=True, help="the stats directory")

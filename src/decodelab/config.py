@@ -372,6 +372,28 @@ class Quantized:
 
 
 @dataclass(frozen=True)
+class LongVerification:
+    """Config 'long.verification': the verification levels (decodelab.verify.run_long) on one
+    long-context pair: the target, verifying on its full cache, and `drafter` drafting K tokens
+    through `policy`'s view of `kv_budget` tokens, on `documents` held-out documents cut to
+    `length` tokens. The sample sizes are its own (the levels' other settings: 'verification')."""
+
+    length: int
+    policy: str = "retrieval"
+    kv_budget: int = 32
+    drafter: str = "self"
+    k: int = 4
+    documents: int = 4
+    tokens: int = 4096  # level 3: tokens per sample at full size
+    power_tokens: int = 1024  # level 3: tokens per sample and seed of the power run
+    seeds: int = 5  # power run seeds (levels 2 and 3)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> LongVerification:
+        return build(cls, spec)
+
+
+@dataclass(frozen=True)
 class Long:
     """Config 'long': the long-context study (decodelab.longstudy), context length x KV budget
     x policy x drafter x mode x K over held-out documents, one process per repeat."""
@@ -392,10 +414,14 @@ class Long:
     documents: int = 4
     budget: int = 32  # new tokens per run
     repeats: int = 2
+    verification: LongVerification | None = None  # config 'long.verification'; None: not run
 
     @classmethod
     def from_config(cls, section: Mapping, seed: int) -> Long:
-        return build(cls, {**section, "seed": seed})
+        check = section.get("verification")
+        long = build(cls, {**{k: v for k, v in section.items() if k != "verification"},
+                           "seed": seed})
+        return replace(long, verification=LongVerification.from_spec(check)) if check else long
 
     @property
     def longest(self) -> int:
@@ -408,7 +434,13 @@ class Long:
                           if f.name != "document_tokens"})
 
     def job_spec(self) -> dict:
+        """The study's raw files hash this: the verification is not in it."""
         return self.job().job_spec()
+
+    def verification_spec(self) -> dict:
+        """The long-context verification job's settings (`LongVerificationJob`)."""
+        return {"check": asdict(self.verification), "device": self.device, "dtype": self.dtype,
+                "seed": self.seed}
 
 
 @dataclass(frozen=True)
@@ -446,6 +478,22 @@ class LongJob:
     def job_spec(self) -> dict:
         return {k: v for k, v in asdict(self).items()
                 if v is not None or k != "document_tokens"}
+
+
+@dataclass(frozen=True)
+class LongVerificationJob:
+    """One long-context verification job: config 'long.verification' on 'long.device' in
+    'long.dtype', seeded by the config's seed."""
+
+    check: LongVerification
+    device: str
+    dtype: str
+    seed: int
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> LongVerificationJob:
+        return cls(LongVerification.from_spec(spec["check"]), spec["device"], spec["dtype"],
+                   spec["seed"])
 
 
 @dataclass(frozen=True)
@@ -735,6 +783,8 @@ class Settings:
             "stats": {**self.stats.job_spec(), "stability": self.stability.job_spec()},
             "speculative": self.speculative.section(),
             "verification": self.verification.section(),
+            **({"long_verification": asdict(self.long.verification)}
+               if self.long is not None and self.long.verification is not None else {}),
         }
 
     def position_needs(self) -> dict[str, tuple[int, str]]:
@@ -769,6 +819,12 @@ class Settings:
             for name in {long.target, *long.drafters} - {"self"}:
                 need(name, long.longest, f"config 'long' (longest length {max(long.lengths)} "
                      f"+ budget {long.budget} + K {max(long.ks)})")
+            if (v := long.verification) is not None:
+                budget = self.verification.real.budget
+                for name in {long.target, v.drafter} - {"self"}:
+                    need(name, v.length + budget + v.k,
+                         f"config 'long.verification' (length {v.length} + "
+                         f"verification.real.budget {budget} + K {v.k})")
         if self.batched is not None:
             b = self.batched
             for name in (b.target, b.draft):
@@ -972,6 +1028,26 @@ def check_long(settings: Settings) -> None:
             raise DecodelabError(f"config '{key}': model {name!r} is a {family} model; the "
                                  "long-context study needs rotary positions (a train model "
                                  "with arch: llama, or the init preset llama-tiny)")
+    if long.verification is not None:
+        check_long_verification(long)
+
+
+def check_long_verification(long: Long) -> None:
+    """A drafter of the study's, and a budget its policy can keep that is a sparse view of the
+    context (a view of the whole context drafts exactly the target)."""
+    v = long.verification
+    if v.drafter != "self" and v.drafter not in long.drafters:
+        raise DecodelabError(f"config 'long.verification.drafter': {v.drafter!r} is not one of "
+                             f"'long.drafters' ({', '.join(long.drafters)})")
+    if v.policy == "full":
+        return
+    if v.kv_budget < min_budget(v.policy):
+        raise DecodelabError(f"config 'long.verification.kv_budget': policy {v.policy!r} keeps "
+                             f"at least {min_budget(v.policy)} tokens, got {v.kv_budget}")
+    if v.kv_budget >= v.length:
+        raise DecodelabError(f"config 'long.verification.kv_budget': {v.kv_budget} tokens is no "
+                             f"sparse view of a {v.length}-token context "
+                             "('long.verification.length'); make it smaller")
 
 
 def check_batched(settings: Settings) -> None:

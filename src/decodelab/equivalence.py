@@ -11,7 +11,10 @@ with deliberately wrong rejection rules (negative controls) that it must reject.
 3. Real model, two samples: tokens sampled from the target autoregressively and speculatively at
    temperature 1, compared with a 2 x (top + 1) chi-square of token frequencies (its p-value
    from swapping whole sequences between the samples) and with a per-sequence
-   log-likelihood-ratio t-test; and greedy agreement.
+   log-likelihood-ratio t-test; and greedy agreement. The engine (`Speculate`) and the draft
+   law of the t-test (`LogProbs`) are parameters: the long-context pair drafts through a sparse
+   KV view (`decodelab.verify.run_long`), and level 1 also takes the (p, q) rows an engine's
+   rule receives (`engine_pairs`).
 
 The wrong rules: `accept_all` keeps every draft token (it emits q, not p); `resample_from_p` has
 the right acceptance test but resamples from p instead of the residual after a rejection (it
@@ -33,13 +36,17 @@ from scipy import stats
 from .config import Sampling
 from .decode import decode, first_divergence, margin
 from .sampling import emitted_distribution, sample, speculative_accept, warp
-from .speculative import device_of, generate
+from .speculative import Result, device_of, generate
 
 TOL = 1e-9  # level 1: the closed forms must equal p to this, in float64
 MIN_EXPECTED = 5.0  # chi-square bins are pooled until each expects at least this many
 PERMUTATIONS = 1999  # sequence swaps behind the level-3 chi-square's p-value
 
 Rule = Callable[..., tuple[int, int]]
+# (target, draft, prompt, budget, k, sampling, draft_generator, target_generator, accept=rule)
+# -> speculative.Result: the engine a level runs, `speculative.generate` unless told otherwise
+# (the long-context pair drafts through a sparse KV view: `longctx.generate`)
+Speculate = Callable[..., Result]
 Model = Callable[[tuple[int, ...]], torch.Tensor]  # toy AR model: prefix -> float64 [V] law
 Law = dict[tuple[int, ...], float]  # token sequence -> probability
 
@@ -166,7 +173,38 @@ def real_pairs(target, draft, prompts: Sequence[Sequence[int]], positions: int
 
 def real_pairs_check(target, draft, prompts: Sequence[Sequence[int]], positions: int) -> dict:
     """Level 1 on real pairs: the max error of each sampler's emitted law against p."""
-    p, q = real_pairs(target, draft, prompts, positions)
+    return pair_check(*real_pairs(target, draft, prompts, positions))
+
+
+def engine_pairs(target, draft, prompts: Sequence[Sequence[int]], positions: int, k: int,
+                 seed: int, budget: int = 64, speculate: Speculate = generate
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`positions` (p, q) rows [N, V] as the engine's rejection rule receives them (each
+    drafted position's target and draft law, at temperature 1), recorded while `speculate`
+    decodes `budget` tokens per prompt, prompts in turn until enough are drafted; evenly
+    spaced over them. With a sparse draft cache, q is the draft's law on its view."""
+    ps, qs = [], []
+
+    def recording(target_probs, draft_probs, draft_tokens, generator=None):
+        n = draft_tokens.shape[0]
+        ps.append(target_probs[:n].detach().cpu())
+        qs.append(draft_probs.detach().cpu())
+        return speculative_accept(target_probs, draft_probs, draft_tokens, generator)
+
+    for i in range(positions):  # each prompt drafts at least one position
+        if sum(len(q) for q in qs) >= positions:
+            break
+        s_draft, s_target = _sequence_seeds(seed, "correct", i)
+        speculate(target, draft, list(prompts[i % len(prompts)]), budget, k,
+                  Sampling(temperature=1.0), _generator(device_of(draft), s_draft),
+                  _generator(device_of(target), s_target), accept=recording)
+    p, q = torch.cat(ps), torch.cat(qs)
+    pick = torch.linspace(0, len(p) - 1, min(positions, len(p))).round().long().unique()
+    return p[pick], q[pick]
+
+
+def pair_check(p: torch.Tensor, q: torch.Tensor) -> dict:
+    """Level 1 on given (p, q) rows: the max error of each sampler's emitted law against p."""
     beta = torch.minimum(_law(p), _law(q)).sum(-1)
     return {"pairs": len(p), "vocab": p.shape[-1], "beta_mean": float(beta.mean()),
             "max_error": {name: exact_single(p, q, name) for name in SAMPLERS}}
@@ -382,10 +420,12 @@ def _generator(device: torch.device, seed: int) -> torch.Generator:
 
 
 def sample_tokens(target, draft, prompts: Sequence[Sequence[int]], n_tokens: int, method: str,
-                  k: int, seed: int, budget: int = 64) -> list[int]:
+                  k: int, seed: int, budget: int = 64, speculate: Speculate = generate
+                  ) -> list[int]:
     """At least n_tokens tokens sampled at temperature 1 from the target: ceil(n_tokens / budget)
     sequences of `budget` tokens, cycling over the prompts, with plain autoregressive decoding
-    or speculative decoding under rule SAMPLERS[method]. A flat list of token ids."""
+    or speculative decoding (`speculate`) under rule SAMPLERS[method]. A flat list of token
+    ids."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     t_dev = device_of(target)
@@ -398,9 +438,9 @@ def sample_tokens(target, draft, prompts: Sequence[Sequence[int]], n_tokens: int
             out = decode(target, ids, budget, temperature=1.0,
                          generator=_generator(t_dev, s_target), role="target").tokens
         else:
-            out = generate(target, draft, prompt, budget, k, Sampling(temperature=1.0),
-                           _generator(device_of(draft), s_draft), _generator(t_dev, s_target),
-                           accept=SAMPLERS[method]).tokens
+            out = speculate(target, draft, prompt, budget, k, Sampling(temperature=1.0),
+                            _generator(device_of(draft), s_draft), _generator(t_dev, s_target),
+                            accept=SAMPLERS[method]).tokens
         tokens += out
     return tokens
 
@@ -476,40 +516,56 @@ def two_sample_test(a: Sequence[int], b: Sequence[int], top: int = 200, budget: 
             "tokens": tokens, "table": table.tolist()}
 
 
+# (ids, start) -> [len(ids) - start]: log q(ids[t] | ids[:t]) for t = start..len(ids)-1
+LogProbs = Callable[[list[int], int], torch.Tensor]
+
+
+def full_log_probs(model) -> LogProbs:
+    """A model's law of each token given everything before it: one full forward."""
+    def log_probs(ids: list[int], start: int) -> torch.Tensor:
+        logits = model(input_ids=torch.tensor([ids], device=device_of(model))).logits[0]
+        where = torch.arange(start - 1, len(ids) - 1)
+        return torch.log_softmax(logits.float().cpu()[where], -1).gather(
+            1, torch.tensor(ids[start:])[:, None]).squeeze(1)
+    return log_probs
+
+
 @torch.inference_mode()
 def sequence_log_ratios(target, draft, prompts: Sequence[Sequence[int]], tokens: Sequence[int],
-                        budget: int = 64) -> np.ndarray:
+                        budget: int = 64, draft_law: LogProbs | None = None) -> np.ndarray:
     """Per sequence of a `sample_tokens` output: the mean over its generated tokens y_t of
-    log p(y_t | prefix) - log q(y_t | prefix), target p, draft q (one full forward of each)."""
+    log p(y_t | prefix) - log q(y_t | prefix), target p, draft q (one full forward of each; or
+    q from `draft_law`, such as a sparse draft's, `longctx.first_draft_log_probs`)."""
+    log_p, log_q = full_log_probs(target), draft_law or full_log_probs(draft)
     out = []
     for i in range(len(tokens) // budget):
         prompt, seq = list(prompts[i % len(prompts)]), list(tokens[i * budget:(i + 1) * budget])
-        where = torch.arange(len(prompt) - 1, len(prompt) + budget - 1)
-        ids = torch.tensor([prompt + seq])
-        log_ratio = 0
-        for model, sign in ((target, 1), (draft, -1)):
-            logits = model(input_ids=ids.to(device_of(model))).logits[0].float().cpu()
-            log_ratio = log_ratio + sign * torch.log_softmax(logits[where], -1).gather(
-                1, torch.tensor(seq)[:, None])
-        out.append(float(log_ratio.mean()))
+        ids = prompt + seq
+        out.append(float((log_p(ids, len(prompt)) - log_q(ids, len(prompt))).mean()))
     return np.array(out)
 
 
-def log_ratio_test(target, draft, prompts: Sequence[Sequence[int]], a: Sequence[int],
-                   b: Sequence[int], budget: int = 64) -> dict:
-    """Two samples of `sample_tokens` (same prompts and budget), compared through one statistic
-    per sequence, `sequence_log_ratios`, with Welch's t-test. Sequences, not tokens, are the
-    independent units, so it is calibrated; and a rule that leans towards the draft raises
-    log q, so it is powerful exactly against the errors speculative decoding can make."""
-    ra, rb = (sequence_log_ratios(target, draft, prompts, x, budget) for x in (a, b))
+def welch(ra: np.ndarray, rb: np.ndarray) -> dict:
+    """Welch's t-test of two samples of per-sequence statistics."""
     res = stats.ttest_ind(ra, rb, equal_var=False)
     return {"t": float(res.statistic), "p_value": float(res.pvalue), "sequences": len(ra),
             "mean_a": float(ra.mean()), "mean_b": float(rb.mean())}
 
 
+def log_ratio_test(target, draft, prompts: Sequence[Sequence[int]], a: Sequence[int],
+                   b: Sequence[int], budget: int = 64, draft_law: LogProbs | None = None
+                   ) -> dict:
+    """Two samples of `sample_tokens` (same prompts and budget), compared through one statistic
+    per sequence, `sequence_log_ratios`, with Welch's t-test. Sequences, not tokens, are the
+    independent units, so it is calibrated; and a rule that leans towards the draft raises
+    log q, so it is powerful exactly against the errors speculative decoding can make."""
+    return welch(*(sequence_log_ratios(target, draft, prompts, x, budget, draft_law)
+                   for x in (a, b)))
+
+
 @torch.inference_mode()
-def greedy_agreement(target, draft, prompts: Sequence[Sequence[int]], budget: int, k: int
-                     ) -> dict:
+def greedy_agreement(target, draft, prompts: Sequence[Sequence[int]], budget: int, k: int,
+                     speculate: Speculate = generate) -> dict:
     """Greedy speculative vs greedy autoregressive decoding, per prompt. For a prompt whose
     tokens differ: the first differing position and the target's top-1 minus top-2 logit
     there, from a plain full forward of the target on prompt + autoregressive prefix."""
@@ -518,7 +574,7 @@ def greedy_agreement(target, draft, prompts: Sequence[Sequence[int]], budget: in
     for i, prompt in enumerate(prompts):
         prompt = list(prompt)
         ar = decode(target, torch.tensor([prompt], device=t_dev), budget, role="target").tokens
-        spec = generate(target, draft, prompt, budget, k).tokens
+        spec = speculate(target, draft, prompt, budget, k).tokens
         j = first_divergence(spec, ar)
         if j is not None:
             divergences.append({"prompt": i, "position": j,
@@ -550,22 +606,29 @@ def block_level(target: Model, draft: Model, k: int, m: int, n: int, clip: bool 
 
 
 def real_model_levels(target, draft, prompts: Sequence[Sequence[int]], n_tokens: int, k: int,
-                      budget: int = 64, top: int = 200) -> dict[str, Level]:
+                      budget: int = 64, top: int = 200, speculate: Speculate = generate,
+                      draft_law: LogProbs | None = None) -> dict[str, Level]:
     """Level 3 at a seed, both tests: `two_sample_test` ("chi2") and `log_ratio_test`
-    ("log_ratio"). Each (method, seed) sample of n_tokens is drawn once and shared, so the
-    autoregressive sample of a seed serves every rule and both tests."""
+    ("log_ratio", its q from `draft_law` where given). Each (method, seed) sample of n_tokens
+    and its log ratios are computed once and shared, so the autoregressive sample of a seed
+    serves every rule and both tests."""
 
     @cache
     def tokens(method: str, seed: int) -> tuple[int, ...]:
-        return tuple(sample_tokens(target, draft, prompts, n_tokens, method, k, seed, budget))
+        return tuple(sample_tokens(target, draft, prompts, n_tokens, method, k, seed, budget,
+                                   speculate))
+
+    @cache
+    def ratios(method: str, seed: int) -> np.ndarray:
+        return sequence_log_ratios(target, draft, prompts, tokens(method, seed), budget,
+                                   draft_law)
 
     def chi2(sampler: str, seed: int) -> dict:
         return two_sample_test(tokens("autoregressive", seed), tokens(sampler, seed), top,
                                budget, seed=seed)
 
     def log_ratio(sampler: str, seed: int) -> dict:
-        return log_ratio_test(target, draft, prompts, tokens("autoregressive", seed),
-                              tokens(sampler, seed), budget)
+        return welch(ratios("autoregressive", seed), ratios(sampler, seed))
 
     return {"chi2": chi2, "log_ratio": log_ratio, "tokens": tokens}
 

@@ -32,6 +32,7 @@ from .speculative import (
     check_finite,
     check_vocab,
     device_of,
+    feed,
     keep_ends,
     pending,
     propose,
@@ -159,3 +160,26 @@ def speculate(model, drafter, prompt: list[int], budget: int, k: int, policy: Po
         out.prefill_s = spans.first("target")
     out.tokens = seq[len(prompt):]
     return out
+
+
+@torch.inference_mode()
+def first_draft_log_probs(model, policy: Policy, ids: list[int], start: int) -> torch.Tensor:
+    """log q(ids[t] | ids[:t]) for t = start..len(ids)-1 (start >= 2), q the law of the first
+    draft step of a proposal made at t: `model` on `policy`'s view of its full cache of
+    ids[:t-1], fed ids[t-1] at its true position, the view chosen (retrieval) by the queries of
+    ids[t-2] in the full-cache pass, as `generate` drafts (temperature 1). A fixed function of
+    the sequence, so a statistic for the verification's log-ratio test (decodelab.verify)."""
+    device = device_of(model)
+    with QueryProbe(model) if policy.name == "retrieval" else nullcontext() as probe:
+        cache = new_cache(model)
+        feed(model, cache, torch.tensor(ids[:-1], device=device))
+    out = []
+    for t in range(start, len(ids)):
+        n = t - 1  # tokens cached before the one fed
+        prefix = DynamicCache(ddp_cache_data=[(layer.keys[:, :, :n], layer.values[:, :, :n])
+                                              for layer in cache.layers])
+        queries = probe.at(n - 1) if probe is not None else None
+        view = sparse_view(prefix, policy.select(prefix, queries))
+        logits = TruePositions(model, n)(torch.tensor([[ids[n]]], device=device), view).logits
+        out.append(torch.log_softmax(logits[0, -1].float(), -1)[ids[t]].cpu())
+    return torch.stack(out)

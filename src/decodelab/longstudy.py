@@ -58,10 +58,11 @@ def vocab_size(model_dir: str | Path) -> int:
     return AutoConfig.from_pretrained(model_dir, trust_remote_code=False).vocab_size
 
 
-def heldout_documents(model_dir: str | Path, n: int, length: int, seed: int
+def heldout_documents(model_dir: str | Path, n: int, length: int, seed: int, key: str = "long"
                       ) -> list[tuple[str, list[int]]]:
     """n distinct held-out documents of at least `length` tokens, as (name, token ids), drawn
-    by seed (`heldout_files`), or, for a model without a tokenizer (`init`), seeded random ids."""
+    by seed (`heldout_files`), or, for a model without a tokenizer (`init`), seeded random ids.
+    `key`: the config section that asked, named in the error when too few are that long."""
     gen = torch.Generator().manual_seed(seed)
     files = heldout_files(model_dir)
     if files is None:
@@ -69,9 +70,10 @@ def heldout_documents(model_dir: str | Path, n: int, length: int, seed: int
                                              generator=gen).tolist()) for i in range(n)]
     docs = [(name, ids) for name, ids in files if len(ids) >= length]
     if len(docs) < n:
-        raise DecodelabError(f"config 'long.documents': {n} held-out documents of at least "
+        lengths = "lengths" if key == "long" else "length"
+        raise DecodelabError(f"config '{key}.documents': {n} held-out documents of at least "
                              f"{length} tokens wanted, the target's held-out files have "
-                             f"{len(docs)}; ask for fewer or shorter (config 'long.lengths')")
+                             f"{len(docs)}; ask for fewer or shorter (config '{key}.{lengths}')")
     chosen = sorted(torch.randperm(len(docs), generator=gen)[:n].tolist())
     return [docs[i] for i in chosen]
 

@@ -22,6 +22,13 @@ Each side is reduced to key numbers, one row per quantity and configuration:
     chi2            the level-3 two-sample chi-square of the correct rule per pair
     chi2_p          its p-value per pair and acceptance rule (the correct one and the two
                     wrong ones it must reject); log_ratio_p the same for the log-ratio test
+    long_speedup    the long-context study's speedup over the target alone per backend,
+                    drafter, policy, KV budget, context length, mode and K, with
+                    long_speedup_low/_high, its interval; long_alpha (per-token acceptance)
+                    likewise
+
+A reference's sub-study directories (`results/reference/<name>/<study>/stats/`, such as
+cuda-h200/long) are references of their own, named `<name>/<study>`.
 
 Speculative rows also carry the trained models' names and sizes. Rows match only on identical
 keys; the ratio is local / reference. A configuration that only one
@@ -41,9 +48,12 @@ from .io import as_bool
 from .selection import spec_key
 
 SWEEP_KEYS = ["backend", "model", "dtype", "prompt_len", "budget"]
+LONG_KEYS = ["backend", "drafter", "policy", "kv_budget", "length", "mode", "k"]
 KEYS = ["quantity", "backend", "model", "dtype", "prompt_len", "budget", "pair", "models", "mode",
-        "k", "sampler"]
-TEXT_KEYS = ("backend", "model", "dtype", "pair", "models", "mode", "sampler")
+        "k", "sampler", "drafter", "policy", "kv_budget", "length"]
+TEXT_KEYS = ("backend", "model", "dtype", "pair", "models", "mode", "sampler", "drafter",
+             "policy")
+NUMERIC_KEYS = ("prompt_len", "budget", "k", "kv_budget", "length")
 COLUMNS = ["reference", *KEYS, "local", "reference_value", "ratio", "status",
            "local_device", "reference_device"]
 QUANTITIES = {"decode_s": "median decode latency (s)", "kv_speedup": "KV-cache speedup",
@@ -56,10 +66,20 @@ QUANTITIES = {"decode_s": "median decode latency (s)", "kv_speedup": "KV-cache s
               "step_ups": "cache-on runs stepping up mid-decode",
               "spec_selected": "best speculative speedup, chosen on half of the runs",
               "spec_selected_low": "its interval, lower end",
-              "spec_selected_high": "its interval, upper end"}
+              "spec_selected_high": "its interval, upper end",
+              "long_speedup": "long-context speedup", "long_speedup_low": "its interval, lower end",
+              "long_speedup_high": "its interval, upper end",
+              "long_alpha": "long-context per-token acceptance",
+              "long_alpha_low": "its interval, lower end",
+              "long_alpha_high": "its interval, upper end"}
 SELECTED = {"estimate": "spec_selected", "ci_low": "spec_selected_low",
             "ci_high": "spec_selected_high"}
 NO_RATIO = {"chi2_p", "log_ratio_p"}
+# long-context table -> {its column: quantity}
+LONG = {"long_speedup": {"speedup": "long_speedup", "ci_low": "long_speedup_low",
+                         "ci_high": "long_speedup_high"},
+        "long_acceptance": {"alpha": "long_alpha", "ci_low": "long_alpha_low",
+                            "ci_high": "long_alpha_high"}}
 LEVEL3_CHECKS = {"chi2_p": "chi-square", "log_ratio_p": "log-ratio"}
 
 
@@ -77,7 +97,7 @@ def frame(rows: pd.DataFrame, quantity: str, value: str) -> pd.DataFrame:
         if key not in out:
             out[key] = "" if key in TEXT_KEYS else -1
     out = out[[*KEYS, "value"]].copy()
-    for key in ("prompt_len", "budget", "k"):
+    for key in NUMERIC_KEYS:
         out[key] = pd.to_numeric(out[key]).fillna(-1).astype(int)
     for key in TEXT_KEYS:
         out[key] = out[key].fillna("").astype(str)
@@ -154,9 +174,22 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
             rows = three[three["check"].astype(str).str.contains(check)]
             parts.append(frame(rows[["pair", "sampler", "p_value"]].assign(models=pair_models),
                                quantity, "p_value"))
+    parts += long_numbers(stats_dir, pair_models)
     if not parts:
         return pd.DataFrame(columns=[*KEYS, "value"])
     return pd.concat(parts, ignore_index=True)
+
+
+def long_numbers(stats_dir: Path, models: str) -> list[pd.DataFrame]:
+    """The long-context study's speedups and acceptances with their intervals (`LONG`), keyed
+    by LONG_KEYS and the trained models."""
+    parts = []
+    for name, columns in LONG.items():
+        rows = read(stats_dir, name)
+        if len(rows):
+            parts += [frame(rows[[*LONG_KEYS, column]].assign(models=models), quantity, column)
+                      for column, quantity in columns.items()]
+    return parts
 
 
 def selected_spec(stats_dir: Path) -> list[pd.DataFrame]:
@@ -213,19 +246,38 @@ def compare_one(local: pd.DataFrame, ref: pd.DataFrame, name: str, local_dev: di
 
 
 def reference_dirs(root: Path) -> dict[str, Path]:
-    """name -> stats dir of every results/reference/<name>/stats/ that exists."""
+    """name -> stats dir of every results/reference/<name>/stats/ that exists, and of every
+    sub-study's, results/reference/<name>/<study>/stats/ (named `<name>/<study>`)."""
     root = Path(root)
     if not root.is_dir():
         return {}
-    return {p.parent.name: p for p in sorted(root.glob("*/stats")) if p.is_dir()}
+    return {p.parent.relative_to(root).as_posix(): p for p in sorted(root.glob("**/stats"))
+            if p.is_dir()}
+
+
+def own_quantities(local: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
+    """The local rows of the quantities a sub-study measured: it is compared on its own."""
+    return local[local["quantity"].isin(set(ref["quantity"]))]
+
+
+def reference_devices(name: str, references: dict[str, Path]) -> dict[str, str]:
+    """A reference's devices; a sub-study without an environment table (`<name>/<study>`) ran
+    on its reference's machine and takes its devices."""
+    own = devices(references[name])
+    parent = references.get(name.split("/")[0])
+    return own or (devices(parent) if parent is not None else {})
 
 
 def compare(local_stats: Path, references: dict[str, Path]) -> pd.DataFrame:
-    """Every reference against the local run; no references -> a header-only table."""
+    """Every reference with key numbers against the local run (a sub-study's tables may hold
+    none: batched speculation has no quantity here), a sub-study on its own quantities only;
+    no references -> a header-only table."""
     local = key_numbers(local_stats)
     local_dev = devices(local_stats)
-    parts = [compare_one(local, key_numbers(stats), name, local_dev, devices(stats))
-             for name, stats in references.items()]
+    numbers = {name: key_numbers(stats) for name, stats in references.items()}
+    parts = [compare_one(own_quantities(local, numbers[name]) if "/" in name else local,
+                         numbers[name], name, local_dev, reference_devices(name, references))
+             for name in references if len(numbers[name])]
     parts = [p for p in parts if len(p)]
     if not parts:
         return pd.DataFrame(columns=COLUMNS)

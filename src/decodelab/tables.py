@@ -59,6 +59,9 @@ def speculative(key: str, numeric: tuple[str, ...], flags: tuple[str, ...] = (),
 
 
 VERIFICATION_TEXT = ("pair", "check", "sampler")
+# The long-context pair's name in the verification tables: this and its drafter's ("long:self");
+# no configured pair has a colon (config names), so its rows stand apart (decodelab.verify).
+LONG_PAIR = "long:"
 
 
 def verification(key: str, numeric: tuple[str, ...], flags: tuple[str, ...] = ()) -> Table:

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import asdict, replace
+from functools import partial
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from . import equivalence as eq
-from . import models
-from .config import Pair, Verification
+from . import longctx, models, tables
+from .config import GREEDY, LongVerificationJob, Pair, Verification
+from .errors import DecodelabError
+from .sparse_kv import Policy
+from .speculative import generate
 from .train import heldout_prompts
 
 TOY_SEEDS = (11, 12)  # the toy target and draft of the block checks
@@ -66,11 +71,12 @@ def monte_carlo_levels(spec: Verification) -> dict:
     }
 
 
-def real_levels(spec: Verification, target, draft, prompts, n_tokens: int
+def real_levels(spec: Verification, target, draft, prompts, n_tokens: int,
+                speculate: eq.Speculate = generate, draft_law: eq.LogProbs | None = None
                 ) -> tuple[dict, Callable]:
     """Both level-3 tests by check name, and the (method, seed) -> tokens sampler they share."""
     levels = eq.real_model_levels(target, draft, prompts, n_tokens, spec.k, spec.real.budget,
-                                  spec.real.top)
+                                  spec.real.top, speculate, draft_law)
     return ({"two-sample chi-square": levels["chi2"], "log-ratio t-test": levels["log_ratio"]},
             levels["tokens"])
 
@@ -136,7 +142,19 @@ def run_real(spec: Verification, pair_name: str, pair: Pair, target_dir: str, dr
     target, draft = load_models(target_dir, draft_dir, pair.target_device, pair.draft_device,
                                 pair.dtype)
     prompts = heldout_prompts(target_dir, real.prompts, 32, seed)
-    full, samples = real_levels(spec, target, draft, prompts, real.tokens)
+    greedy_prompts = heldout_prompts(target_dir, real.greedy_prompts, 32, seed + 1)
+    return {"level": 3, "pair": pair_name,
+            **level_three(spec, pair_name, target, draft, prompts, greedy_prompts)}
+
+
+def level_three(spec: Verification, pair_name: str, target, draft, prompts, greedy_prompts,
+                speculate=generate, draft_law: eq.LogProbs | None = None) -> dict:
+    """Level 3's report on one pair: both tests at `spec.real.tokens` for every rule, the token
+    table, greedy agreement on `greedy_prompts`, power over seeds at `power_tokens`, and the
+    full-size samples themselves (so any test can be recomputed from the report).
+    `speculate` and `draft_law` (the log-ratio test's q): `real_model_levels`'."""
+    real = spec.real
+    full, samples = real_levels(spec, target, draft, prompts, real.tokens, speculate, draft_law)
     results, tokens = [], []
     for sampler in eq.SAMPLERS:
         chi = full["two-sample chi-square"](sampler, 0)
@@ -147,17 +165,86 @@ def run_real(spec: Verification, pair_name: str, pair: Pair, target_dir: str, dr
         lr = full["log-ratio t-test"](sampler, 0)
         results.append(row(3, "log-ratio t-test", sampler, lr["t"], real.tokens, spec.alpha,
                            lr["p_value"], None, pair_name))
-    greedy_prompts = heldout_prompts(target_dir, real.greedy_prompts, 32, seed + 1)
-    greedy = eq.greedy_agreement(target, draft, greedy_prompts, real.budget, spec.k)
-    small, _ = real_levels(spec, target, draft, prompts, real.power_tokens)
+    greedy = eq.greedy_agreement(target, draft, greedy_prompts, real.budget, spec.k, speculate)
+    small, _ = real_levels(spec, target, draft, prompts, real.power_tokens, speculate, draft_law)
     power, pvalues = power_rows(small, spec, 3, real.power_tokens, pair_name)
     margins = [d["margin"] for d in greedy["divergences"]]
-    return {"level": 3, "pair": pair_name, "results": results, "power": power,
-            "pvalues": pvalues, "tokens": tokens,
-            # the full-size samples themselves, so any test can be recomputed from the report
+    return {"results": results, "power": power, "pvalues": pvalues, "tokens": tokens,
             "samples": {m: list(samples(m, 0)) for m in eq.METHODS},
             "greedy": [{"pair": pair_name, "prompts": len(greedy_prompts),
                         "fraction_equal": greedy["fraction_equal"],
                         "divergences": len(margins),
                         "min_margin": min(margins) if margins else None,
                         "detail": greedy["divergences"]}]}
+
+
+# --- the long-context pair: the levels through a sparse draft cache (config 'long.verification')
+
+def long_pair_name(drafter: str) -> str:
+    return f"{tables.LONG_PAIR}{drafter}"
+
+
+def sparse_speculate(policy: Policy, self_draft: bool) -> eq.Speculate:
+    """`speculative.generate`'s call, run by `longctx.generate`: the draft (the target itself
+    where `self_draft`) drafts through `policy`'s view, the target verifies on its full cache."""
+    def speculate(target, draft, prompt, budget, k, s=GREEDY, draft_generator=None,
+                  target_generator=None, accept=eq.SAMPLERS["correct"]):
+        return longctx.generate(target, prompt, budget, k, policy, s, draft_generator,
+                                target_generator, accept, drafter=None if self_draft else draft)
+    return speculate
+
+
+def long_levels_one_two(spec: Verification, pair_name: str, p, q, check: dict
+                        ) -> tuple[list, list, list]:
+    """Level 1 on the engine's own (p, q) rows (`check`: `equivalence.pair_check`'s) and level
+    2 on its least-overlapping row (the most mass a rule must move): rows, power, p-values."""
+    results = [row(1, "one step, long-context pairs", sampler, check["max_error"][sampler],
+                   check["pairs"], spec.alpha, pair=pair_name) for sampler in eq.SAMPLERS]
+    overlap = torch.minimum(p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)).sum(-1)
+    i = int(overlap.argmin())
+    mc = {"Monte Carlo, one step, long-context pair": eq.single_level(p[i], q[i],
+                                                                     spec.monte_carlo.draws)}
+    for check_name, fn in mc.items():
+        for sampler in eq.SAMPLERS:
+            out = fn(sampler, 0)
+            results.append(row(2, check_name, sampler, out["chi2"], spec.monte_carlo.draws,
+                               spec.alpha, out["p_value"], out.get("dof"), pair_name))
+    power, pvalues = power_rows(mc, spec, 2, spec.monte_carlo.draws, pair_name)
+    return results, power, pvalues
+
+
+def run_long(spec: Verification, job: LongVerificationJob, target_dir: str,
+             drafter_dir: str | None) -> dict:
+    """Every level on the long-context pair of config 'long.verification', its own sample sizes
+    in place of `spec`'s: level 1 on the (p, q) rows the engine's rule receives, level 2 on one
+    of them, level 3 on prompts of `length` tokens of held-out documents, its log-ratio test's
+    q the sparse draft's law at the first draft step of a proposal at each token
+    (`longctx.first_draft_log_probs`: the target's own full-cache law would make the ratio 0)."""
+    from .longstudy import heldout_documents
+
+    v = job.check
+    spec = replace(spec, k=v.k, seeds=v.seeds,
+                   real=replace(spec.real, tokens=v.tokens, power_tokens=v.power_tokens))
+    self_draft = v.drafter == "self"
+    if not self_draft and drafter_dir is None:
+        raise DecodelabError(f"config 'long.verification.drafter': {v.drafter!r} needs its "
+                             "model directory (--draft-dir)")
+    target = models.load(target_dir, job.device, job.dtype, role="target")
+    draft = target if self_draft else models.load(drafter_dir, job.device, job.dtype,
+                                                  role="draft")
+    docs = heldout_documents(target_dir, v.documents, v.length, job.seed,
+                             key="long.verification")
+    prompts = [ids[:v.length] for _, ids in docs]
+    policy = Policy(v.policy, v.kv_budget, seed=job.seed)
+    speculate = sparse_speculate(policy, self_draft)
+    draft_law = partial(longctx.first_draft_log_probs, draft, policy)
+    name = long_pair_name(v.drafter)
+    with torch.inference_mode():
+        p, q = eq.engine_pairs(target, draft, prompts, spec.exact.real_positions, v.k, job.seed,
+                               spec.real.budget, speculate)
+        check = eq.pair_check(p, q)
+        results, power, pvalues = long_levels_one_two(spec, name, p, q, check)
+        three = level_three(spec, name, target, draft, prompts, prompts, speculate, draft_law)
+    return {"level": "long", "pair": name, "settings": {**asdict(v), "device": job.device},
+            "beta_mean": check["beta_mean"], **three, "results": results + three["results"],
+            "power": power + three["power"], "pvalues": pvalues + three["pvalues"]}

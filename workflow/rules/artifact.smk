@@ -14,6 +14,8 @@ rule reference_comparison:
                 "speculative_acceptance",
                 "verification_levels",
                 "selection",
+                "long_speedup",
+                "long_acceptance",
             ],
         ),
         references=reference_tables,

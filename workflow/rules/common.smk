@@ -104,10 +104,28 @@ VERIFY_MODELS = [SPEC.pairs[VERIFY.pairs[0]].target, SPEC.pairs[VERIFY.pairs[0]]
 
 
 def verification_reports(wildcards):
-    return [
-        f"results/{HOST}/verification/exact.json",
-        f"results/{HOST}/verification/monte_carlo.json",
-    ] + [f"results/{HOST}/verification/real_{pair}.json" for pair in VERIFY_PAIRS]
+    return (
+        [
+            f"results/{HOST}/verification/exact.json",
+            f"results/{HOST}/verification/monte_carlo.json",
+        ]
+        + [f"results/{HOST}/verification/real_{pair}.json" for pair in VERIFY_PAIRS]
+        + long_verification_reports()
+    )
+
+
+def long_verification_reports():
+    """The long-context pair's report (verify_long), where config 'long.verification' is
+    given and this host has config 'long.device'."""
+    if LONG is None or LONG.verification is None or LONG.device not in BACKENDS:
+        return []
+    return [f"results/{HOST}/verification/long_{LONG.device}.json"]
+
+
+def long_verification_drafter():
+    """The long-context pair's drafter directory: none where the target drafts for itself."""
+    drafter = LONG.verification.drafter
+    return [] if drafter == "self" else [f"results/models/{drafter}"]
 
 
 # Where each job runs: its devices pick the Apptainer image (`--sdm apptainer`) and the conda
@@ -183,7 +201,8 @@ def imported_tables(wildcards):
 
 
 def reference_tables(wildcards):
-    return sorted(str(p) for p in Path("results/reference").glob("*/stats/*.csv"))
+    """Every reference's tables, its sub-studies' (results/reference/<name>/<study>/) too."""
+    return sorted(str(p) for p in Path("results/reference").glob("**/stats/*.csv"))
 
 
 def benchmark_file(output):

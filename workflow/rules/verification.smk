@@ -66,6 +66,37 @@ rule verify_real:
         " --threads {threads} --out {output} 2> {log}"
 
 
+# The long-context pair (config 'long.verification'): the target verifying on its full cache,
+# drafted through a sparse view of a KV cache (its own, or a drafter's of 'long.drafters').
+rule verify_long:
+    input:
+        target=lambda wc: f"results/models/{LONG.target}",
+        drafter=lambda wc: long_verification_drafter(),
+    output:
+        "results/{host}/verification/long_{backend}.json",
+    log:
+        "logs/{host}/verification/long_{backend}.log",
+    benchmark:
+        "benchmarks/{host}/verification/long_{backend}.tsv"
+    wildcard_constraints:
+        backend="cpu|cuda|mps",
+    conda:
+        job_conda_env
+    container:
+        job_container
+    threads: job_threads
+    resources:
+        **MEASURING_RESOURCES,
+    params:
+        spec=as_arg(VERIFY.job_spec()),
+        long=lambda wc: as_arg(LONG.verification_spec()),
+        drafter=lambda wc, input: f"--draft-dir {input.drafter}" if input.drafter else "",
+    shell:
+        "decodelab verify-long --spec {params.spec} --long-spec {params.long}"
+        " --target-dir {input.target} {params.drafter} --threads {threads} --out {output}"
+        " 2> {log}"
+
+
 rule verification_stats:
     input:
         verification_reports,

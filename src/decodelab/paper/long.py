@@ -6,7 +6,9 @@ budget, policy, drafter and mode, with intervals over held-out documents.
 
 The stage is optional: without rows in long_acceptance.csv \LongReady is false and the macros
 read '--'. BudgetDraft's own speedups are quoted (`seed.long_claims`), never matched: a 7B
-verifier's on an A100.
+verifier's on an A100. The committed CUDA reference of the study (results/reference/<name>/long,
+read by `reference.compare` into reference_comparison.csv) is quoted from that table, with its
+own flag \LongRefReady.
 """
 
 from __future__ import annotations
@@ -16,11 +18,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import reference as rf
 from .. import tables
 from . import seed
 from .section import Section, placeholders, stage
 from .settings import confidence
-from .tex import NONE, budget_list, ci, human_list, integer, label, sig, tabular, tt
+from .tex import (
+    NONE,
+    budget_list,
+    ci,
+    human_list,
+    integer,
+    label,
+    sig,
+    tabular,
+    tex_escape,
+    tt,
+)
 
 GREEDY = "greedy"
 
@@ -43,7 +57,8 @@ def alpha_text(row) -> str:
 
 def full_sentence(acceptance: pd.DataFrame) -> str:
     """The positive control: the full cache drafts exactly the target (alpha 1 greedy)."""
-    full = acceptance[(acceptance["policy"] == "full") & (acceptance["mode"] == GREEDY)]
+    full = acceptance[(acceptance["policy"] == "full") & (acceptance["mode"] == GREEDY)
+                      & (acceptance["drafter"] == "self")]  # a separate drafter is no control
     if not len(full):
         return "the full-cache control did not run"
     return (f"greedy per-token acceptance with the full cache is {sig(full['alpha'].min())} "
@@ -82,11 +97,13 @@ def speedup_sentence(speedup: pd.DataFrame) -> str:
     parts = []
     for length, g in speedup.groupby("length"):
         best = g.loc[g["speedup"].idxmax()]
-        where = (f"{policy_name(best)}, $B={integer(best.kv_budget)}$, $K={integer(best.k)}$, "
-                 f"{best['mode']}")
-        verdict = "above 1" if best["ci_low"] > 1 else "not above 1"
+        budget = f"$B={integer(best.kv_budget)}$, " if best.kv_budget > 0 else ""
+        where = f"{policy_name(best)}, {budget}$K={integer(best.k)}$, {best['mode']}"
+        verdict = ("an interval of zero width, as from one document"
+                   if best["ci_low"] == best["ci_high"]
+                   else "interval above 1" if best["ci_low"] > 1 else "interval not above 1")
         parts.append(f"{sig(best['speedup'])} {ci(best['ci_low'], best['ci_high'])} at "
-                     f"$L={integer(length)}$ ({where}; interval {verdict})")
+                     f"$L={integer(length)}$ ({where}; {verdict})")
     return human_list(parts, empty=NONE)
 
 
@@ -153,10 +170,77 @@ def built(acceptance: pd.DataFrame, speedup: pd.DataFrame, memory: pd.DataFrame,
                                                            confidence(settings))})
 
 
+# --- the committed CUDA reference of the study, from reference_comparison.csv ---------------
+
+def reference_rows(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The long-context rows a CUDA reference measured: one row per configuration of the first
+    such reference, its quantities as the long tables' columns (speedup, ci_low, ci_high, alpha,
+    alpha_low, alpha_high), plus reference and reference_device."""
+    columns = {q: c for table in rf.LONG.values() for c, q in table.items()}
+    if not len(comparison):
+        return pd.DataFrame()
+    comparison = comparison.reindex(columns=rf.COLUMNS)  # a table from before the long keys
+    rows = comparison[comparison["quantity"].isin(columns) & (comparison["backend"] == "cuda")
+                      & (comparison["status"] != "only local")]
+    if not len(rows):
+        return pd.DataFrame()
+    rows = rows[rows["reference"] == rows["reference"].iloc[0]]
+    keys = ["reference", "reference_device", *rf.LONG_KEYS]
+    rows = rows.assign(**{k: rows[k].fillna("") for k in keys if rows[k].dtype == object})
+    wide = rows.pivot_table(index=keys, columns="quantity", values="reference_value",
+                            aggfunc="first").reset_index()
+    names = {q: ("alpha_" + c.removeprefix("ci_") if q.startswith("long_alpha_") else c)
+             for q, c in columns.items()}
+    return wide.rename(columns=names)
+
+
+def as_acceptance(rows: pd.DataFrame) -> pd.DataFrame:
+    """The reference's rows as long_acceptance's columns (alpha with its interval)."""
+    return rows.drop(columns=["ci_low", "ci_high"]).rename(
+        columns={"alpha_low": "ci_low", "alpha_high": "ci_high"})
+
+
+def self_retrieval_sentence(speedup: pd.DataFrame) -> str:
+    """Self-speculation with retrieval per context length: its speedups' range over budgets,
+    modes and K, and in how many of them the interval lies above 1."""
+    rows = speedup[(speedup["drafter"] == "self") & (speedup["policy"] == "retrieval")]
+    if not len(rows):
+        return "self-speculation with retrieval did not run there"
+    parts = [f"{sig(g['speedup'].min())} to {sig(g['speedup'].max())}$\\times$ at "
+             f"$L={integer(length)}$" for length, g in rows.groupby("length")]
+    above = int((rows["ci_low"] > 1).sum())
+    return (f"self-speculation with retrieval runs {human_list(parts)}, its interval above 1 in "
+            f"{above} of {len(rows)} settings")
+
+
+def reference_section(comparison: pd.DataFrame) -> Section:
+    """LongRef*: what the first CUDA reference of the study measured, from the comparison."""
+    rows = reference_rows(comparison)
+    ran = bool(len(rows))
+    if not ran:
+        rows = pd.DataFrame(columns=["reference", "reference_device", *rf.LONG_KEYS, "speedup",
+                                     "ci_low", "ci_high", "alpha", "alpha_low", "alpha_high"])
+    acceptance = as_acceptance(rows)
+    macros = {
+        "LongRefName": tt(rows["reference"].iloc[0]) if ran else NONE,
+        "LongRefDevice": tex_escape(rows["reference_device"].iloc[0]) if ran else NONE,
+        "LongRefLengths": budget_list(rows["length"].unique()) if ran else NONE,
+        "LongRefBudgets": budget_list(rows.loc[rows["kv_budget"] > 0, "kv_budget"].unique())
+        if ran else NONE,
+        "LongRefDrafters": human_list([tt(d) for d in sorted(set(rows["drafter"]))])
+        if ran else NONE,
+        "LongRefFullSentence": full_sentence(acceptance) if ran else NONE,
+        "LongRefSelfSentence": self_retrieval_sentence(rows) if ran else NONE,
+        "LongRefSpeedupSentence": speedup_sentence(rows) if ran else NONE,
+    }
+    return stage("LongRefReady", ran, Section(macros, {}))
+
+
 def parts(stats_dir: Path, settings: dict) -> Section:
     t = tables.read_group(stats_dir, "long")
     ran = bool(len(t["acceptance"]))
     section = built(t["acceptance"], t["speedup"], t["memory"], settings)
     shown = section if ran else placeholders(section)
-    return stage("LongReady", ran, Section({**shown.macros, **seed.long_claims()}, shown.flags,
-                                           shown.files))
+    ref = reference_section(tables.read(stats_dir, "reference_comparison"))
+    return stage("LongReady", ran, Section({**shown.macros, **seed.long_claims(), **ref.macros},
+                                           {**shown.flags, **ref.flags}, shown.files))

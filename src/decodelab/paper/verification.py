@@ -18,6 +18,7 @@ import pandas as pd
 from scipy.stats import binomtest
 
 from .. import tables
+from ..tables import LONG_PAIR
 from . import seed
 from .read import SAMPLER_ORDER, ordered_samplers, spec_pairs
 from .section import Section, stage
@@ -104,7 +105,12 @@ def on_pair(df: pd.DataFrame, fragment: str, pair: str | None) -> pd.DataFrame:
         return df.iloc[0:0] if len(df.columns) else pd.DataFrame()
     rows = df[df["fragment"] == fragment]
     level = next(lv for name, lv, _ in CHECKS if name == fragment)
-    return rows[rows["pair"] == (pair or "")] if level == 3 else rows
+    return rows[rows["pair"] == (pair or "")] if level == 3 or is_long(pair) else rows
+
+
+def is_long(pair: str | None) -> bool:
+    """The long-context pair, whose every level's rows carry its name."""
+    return str(pair or "").startswith(LONG_PAIR)
 
 
 def verification_settings_macros(settings: dict) -> dict[str, str]:
@@ -244,10 +250,64 @@ def level_flags(levels: pd.DataFrame) -> dict[str, bool]:
             "VerLevelThreeRan": len(rows(3)) > 0}
 
 
+def split_long(t: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict]:
+    """(the configured pairs' and the toy checks' rows, the long-context pair's rows): the
+    standard macros are about the former, `long_macros` about the latter."""
+    standard, long = {}, {}
+    for name, df in t.items():
+        is_long = df["pair"].astype(str).str.startswith(LONG_PAIR) if "pair" in df else \
+            pd.Series(False, index=df.index)
+        standard[name], long[name] = df[~is_long], df[is_long]
+    return standard, long
+
+
+# What the long section quotes of the standard check and power macros (as LongVer...).
+LONG_QUOTED = {"VerChiNCorrect", "VerPowerSeeds", "VerPowerN",
+               *(f"Ver{kind}{camel(s)}" for s in SAMPLER_ORDER
+                 for kind in ("McSingleP", "ChiP", "LogRatioP", "RejectionsChi",
+                              "RejectionsLogRatio"))}
+
+
+def long_macros(t: dict[str, pd.DataFrame], settings: dict
+                ) -> tuple[dict[str, str], dict[str, bool]]:
+    """LongVer*: the verification levels on the long-context pair (config 'long.verification'):
+    its settings, level 1's largest errors, every rule's p-values at levels 2 and 3 and their
+    rejections over seeds, greedy agreement; flags for what it showed."""
+    levels = t["levels"]
+    pair = str(levels["pair"].iloc[0]) if len(levels) else None
+    v = settings.get("long_verification") or {}
+    one = levels[levels["level"] == 1] if len(levels) else levels
+    right1, wrong1 = (one[one["sampler"] == "correct"],
+                      one[one["sampler"].isin(WRONG_SAMPLERS)]) if len(one) else (one, one)
+    macros = {
+        "LongVerPair": tt(pair) if pair else NONE,
+        "LongVerLength": integer(v.get("length")),
+        "LongVerPolicy": tt(v["policy"]) if "policy" in v else NONE,
+        "LongVerBudget": integer(v.get("kv_budget")), "LongVerK": str(v.get("k", NONE)),
+        "LongVerDocuments": str(v.get("documents", NONE)),
+        "LongVerExactPairs": integer(right1["n"].max()) if len(right1) else NONE,
+        "LongVerExactErrCorrect": sci(right1["statistic"].max()) if len(right1) else NONE,
+        "LongVerExactErrWrongMin": sci(wrong1["statistic"].min()) if len(wrong1) else NONE,
+        **{f"Long{k}": m for k, m in (check_macros(t, pair) | power_macros(t, pair)).items()
+           if k in LONG_QUOTED},
+    }
+    greedy, _ = greedy_macros(t["greedy"], pair)
+    macros["LongVerGreedyFraction"] = greedy["VerGreedyFraction"]
+    full = levels[levels["level"] > 1] if len(levels) else levels
+    flags = {"LongVerRan": pair is not None,
+             "LongVerExactPasses": bool(len(right1)) and not bool(right1["rejected"].any()),
+             "LongVerKeepsCorrect": bool(len(full)) and not bool(
+                 full[full["sampler"] == "correct"]["rejected"].any())}
+    for fragment in ("Chi", "LogRatio"):
+        flags[f"LongVer{fragment}RejectsWrong"] = standard_flags(t, pair, fragment)[
+            f"{fragment}RejectsWrong"]
+    return macros, flags
+
+
 def verification_macros(t: dict[str, pd.DataFrame] | None, settings: dict
                         ) -> tuple[dict[str, str], dict[str, bool]]:
     """Every verification macro, '--' without the stage, so the paper compiles either way."""
-    t = t or no_rows()
+    t, long = split_long(t or no_rows())
     pair = first_verification_pair(settings, t)
     levels = t["levels"]
     l1 = levels[levels["level"] == 1] if len(levels) else levels
@@ -273,7 +333,8 @@ def verification_macros(t: dict[str, pd.DataFrame] | None, settings: dict
     flags |= {k: chi[k] for k in ("ChiRejectsWrong", "ChiFullPower", "ChiLiberal",
                                   "ChiMeetsStandard")}
     flags["LogRatioMeetsStandard"] = log_ratio["LogRatioMeetsStandard"]
-    return macros, flags
+    long_m, long_f = long_macros(long, settings)
+    return macros | long_m, flags | long_f
 
 
 def verdict(rejected: bool) -> str:
