@@ -300,6 +300,13 @@ def test_paper_offline_smoke_plans_the_full_dags_jobs_with_smaller_amounts(tmp_p
     assert full_jobs["prepare_model"] == smoke_jobs["prepare_model"] == len(models)
     assert set(full_jobs) == set(smoke_jobs)  # the same rules; fewer repeats, so fewer jobs
     assert smoke_jobs["sweep"] < full_jobs["sweep"]
+    # Every model, experiment and pair of the profile, each in fewer processes.
+    profile = yaml.safe_load((ROOT / "config/paper-offline.yaml").read_text())
+    shrunk = yaml.safe_load((tmp_path / "smoke/smoke.yaml").read_text())
+    for rule, section in [("sweep", "sweep"), ("speculative", "speculative"),
+                          ("parallelism", "speculative")]:
+        per_process = full_jobs[rule] / profile[section]["repeats"]
+        assert smoke_jobs[rule] == per_process * shrunk[section]["repeats"], rule
 
 
 def test_the_paper_names_init_stand_ins_in_speculative_pairs():
