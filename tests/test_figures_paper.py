@@ -224,7 +224,7 @@ def test_each_section_defines_the_same_names_whether_its_stage_ran_or_not(stats,
              if name.endswith("Ready")}
     assert ready == {"SpeculativeReady": True, "VerificationReady": True,
                      "RegimeDepthReady": False, "BenchmarksReady": False,
-                     "QuantizedReady": False, "LongReady": False,
+                     "QuantizedReady": False, "LongReady": False, "LongRefReady": False,
                      "BatchedReady": False}
 
 
