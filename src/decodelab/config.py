@@ -54,6 +54,17 @@ def build(cls, section: Mapping):
     return cls(**{key: frozen(value) for key, value in section.items()})
 
 
+class Spec:
+    """A typed section or job spec: built from its validated dict, written back as that dict."""
+
+    @classmethod
+    def from_spec(cls, spec: Mapping):
+        return build(cls, spec)
+
+    def job_spec(self) -> dict:
+        return asdict(self)
+
+
 def build_nested(cls, spec: Mapping, key: str):
     """`build` of the section `key` of `spec`, its errors naming the section."""
     try:
@@ -63,23 +74,16 @@ def build_nested(cls, spec: Mapping, key: str):
 
 
 @dataclass(frozen=True)
-class Confidence:
+class Confidence(Spec):
     """The percentile-bootstrap interval of every statistics table (config 'stats')."""
 
     confidence: float = 0.95
     bootstrap_resamples: int = 2000
     seed: int = 0
 
-    @classmethod
-    def from_spec(cls, spec: Mapping) -> Confidence:
-        return build(cls, spec)
-
-    def job_spec(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class Stability:
+class Stability(Spec):
     """Config 'stats.stability': when a configuration's timings are too noisy for a claim
     (`decodelab.stability`). pyperf warns at a standard deviation of 10% of the mean; the
     default's millisecond decodes on 2 cores spread more than that on a quiet machine (module
@@ -93,13 +97,6 @@ class Stability:
     max_over_median: float = 2.0   # the largest raw value over the median
     background: float = 0.15       # CPU share taken by other work (or stolen by a hypervisor)
     noisy_share: float = 0.2       # a job is noisy above this share of unstable configurations
-
-    @classmethod
-    def from_spec(cls, spec: Mapping) -> Stability:
-        return build(cls, spec)
-
-    def job_spec(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -245,7 +242,7 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
-class ParallelismJob:
+class ParallelismJob(Spec):
     """One parallelism process's settings (`decodelab parallelism --spec`, and `verify-cost`'s,
     whose dtype is the GGUF type)."""
 
@@ -255,16 +252,9 @@ class ParallelismJob:
     dtype: str
     seed: int
 
-    @classmethod
-    def from_spec(cls, spec: Mapping) -> ParallelismJob:
-        return build(cls, spec)
-
-    def job_spec(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class SpeculativeJob:
+class SpeculativeJob(Spec):
     """One speculative process's settings (`decodelab speculative --spec`, and `llama-peer`'s):
     the study's grid, its sampled mode and the seed."""
 
@@ -283,13 +273,6 @@ class SpeculativeJob:
     def sampling(self) -> Sampling:
         """The `sampled` mode's settings."""
         return Sampling(self.temperature, self.top_k, self.top_p)
-
-    @classmethod
-    def from_spec(cls, spec: Mapping) -> SpeculativeJob:
-        return build(cls, spec)
-
-    def job_spec(self) -> dict:
-        return asdict(self)
 
 
 # Passes per parallelism row: one pass of a small target lasts less than the scheduler's 10 ms
@@ -535,7 +518,7 @@ class Batched:
 
 
 @dataclass(frozen=True)
-class BatchedJob:
+class BatchedJob(Spec):
     """One batched process's settings (`decodelab batched --spec`)."""
 
     batches: tuple[int, ...]
@@ -549,13 +532,6 @@ class BatchedJob:
     kv_budget: int
     refresh_layer: int | None
     rounds: int
-
-    @classmethod
-    def from_spec(cls, spec: Mapping) -> BatchedJob:
-        return build(cls, spec)
-
-    def job_spec(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -635,20 +611,13 @@ class Onsets:
 
 
 @dataclass(frozen=True)
-class SpikeRule:
+class SpikeRule(Spec):
     """The spike rule's settings (`decodelab regimes --spec`, `selection --regimes`)."""
 
     window: int
     threshold: float
     consistency: float
     alpha: float
-
-    @classmethod
-    def from_spec(cls, spec: Mapping) -> SpikeRule:
-        return build(cls, spec)
-
-    def job_spec(self) -> dict:
-        return asdict(self)
 
 
 REGIME_RULE_KEYS = tuple(f.name for f in fields(SpikeRule))
