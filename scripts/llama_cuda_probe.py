@@ -13,8 +13,10 @@ under which every step passes (':' when the process needs nothing, an empty file
 mends it).
 """
 
+import ctypes.util
 import glob
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -61,6 +63,9 @@ def variants() -> dict[str, dict[str, str]]:
     toolkit = sorted(glob.glob("/usr/local/cuda*/lib64")
                      + glob.glob("/usr/local/cuda*/targets/*/lib"))
     out = {"as is": {}}
+    cxx = ctypes.util.find_library("stdc++")
+    if cxx:  # the system C++ runtime first in the global scope: its symbols win every lookup
+        out["the C++ runtime preloaded"] = {"LD_PRELOAD": cxx}
     torch_libs, toolkit_libs = found([f"{site}/nvidia"]), found(toolkit)
     if torch_libs:
         out["torch's CUDA libraries preloaded"] = {"LD_PRELOAD": torch_libs}
@@ -81,7 +86,19 @@ def passes(name: str, code: str, env: dict[str, str], args: list[str]) -> bool:
     return rc == 0
 
 
+def exported_cxx_runtime() -> None:
+    """How many libstdc++ symbols each llama.cpp library exports: a copy of the C++ runtime's
+    code in a library's dynamic symbol table can win lookups made by torch or libllama."""
+    import llama_cpp
+
+    for lib in sorted(glob.glob(f"{os.path.dirname(llama_cpp.__file__)}/lib/lib*.so*")):
+        nm = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True)
+        std = [ln for ln in nm.stdout.splitlines() if re.search(r" _ZN?S[tdaoi]|_ZNKS", ln)]
+        print(f"{os.path.basename(lib)}: {len(std)} exported std:: symbols", flush=True)
+
+
 def main(target: str, draft: str, env_file: str) -> None:
+    exported_cxx_runtime()
     chosen = None
     for label, env in variants().items():
         print(f"beside torch, {label} {env}:", flush=True)

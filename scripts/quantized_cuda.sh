@@ -23,7 +23,9 @@ out=${OUT:-/tmp/quantized-cuda-out}
 ref=results/reference/cuda-h200/quantized
 work=${DECODELAB_QUANT_WORK:-/tmp/quantized-cuda}
 src=$PWD/.gpu/llama-src
-cmake_args=${CMAKE_ARGS:--DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF}
+# --exclude-libs: stop 30's backtrace had libllama's std::ostream calls land in C++ runtime code
+# inside libggml-cuda.so, which crashes once torch is loaded; symbols from static archives stay local.
+cmake_args=${CMAKE_ARGS:--DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL}
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 DECODELAB_LLAMA_CMAKE_ARGS=$cmake_args
 export DECODELAB_LLAMA_CONVERTER=$src/vendor/llama.cpp
 repo=$PWD
@@ -113,7 +115,7 @@ if [ ! -s "$log/probe.txt" ]; then  # which process environment lets llama.cpp's
 	cat "$log/probe.txt"
 	if [ ! -s "$log/cuda_env.sh" ] && command -v cuda-gdb >/dev/null; then
 		say "no environment mends it: a backtrace of decodelab's engine beside torch"
-		timeout 120 cuda-gdb -q -batch -ex run -ex bt --args python3 -c "import torch
+		timeout 90 cuda-gdb -q -batch -ex run -ex bt --args python3 -c "import torch
 from decodelab.llamacpp import Engine
 Engine('results/gguf/target/F16.gguf', device='$device')" >"$log/backtrace.txt" 2>&1
 		grep -A 25 "received signal" "$log/backtrace.txt" | head -n 40
