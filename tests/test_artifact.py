@@ -336,6 +336,64 @@ def test_a_references_sub_study_is_a_reference_of_its_own(tmp_path):
     assert empty["ifLongRefReady"] == "false" and empty["LongRefSelfSentence"] == "--"
 
 
+def write_quantized(stats: Path) -> Path:
+    """A quantized study's tables: a batch-parallel CUDA backend (ratio 1.2 at every K) and a
+    serial one (ratio K + 1), and one pair whose greedy run diverged once; plus a speculative
+    speedup table, as the study's own spec-stats writes it, with an outsized speedup."""
+    stats.mkdir(parents=True, exist_ok=True)
+    verify = [{"backend": f"llama.cpp-{q}-cuda", "quantization": q, "device": "cuda",
+               "model": "target", "context": 128, "k": k, "ratio": ratio, "ci_low": ratio * 0.9,
+               "ci_high": ratio * 1.1, "n": 3, "extra_per_token": (ratio - 1) / k,
+               "stable": k != 4, "unstable_reason": ""}
+              for q, serial in (("Q4_0", False), ("F16", True)) for k in (4, 8, 16)
+              for ratio in [k + 1.0 if serial else 1.2]]
+    pd.DataFrame(verify).to_csv(stats / "quantized_verify_cost.csv", index=False)
+    spec = [{"pair": "q4-q8-cuda", "target_backend": "llamacpp", "target_quant": "Q4_0",
+             "draft_backend": "llamacpp", "draft_quant": "Q8_0", "mode": mode, "k": k,
+             "speedup": 0.5 + k / 10, "ci_low": 0.4 + k / 10, "ci_high": 0.6 + k / 10,
+             "agree": (0.75 if k == 2 else 1.0) if mode == "greedy" else None, "sequences": 8,
+             "diverged": (2 if k == 2 else 0) if mode == "greedy" else None,
+             "first_divergence": 63 if mode == "greedy" and k == 2 else None,
+             "min_margin": 0.05 if mode == "greedy" and k == 2 else None}
+            for mode in ("greedy", "sampled") for k in (1, 2, 4)]
+    pd.DataFrame(spec).to_csv(stats / "quantized_speculative.csv", index=False)
+    pd.DataFrame([{"pair": "q4-q8-cuda", "mode": "greedy", "k": 1, "baseline": "fair",
+                   "speedup": 9.0, "ci_low": 8.0, "ci_high": 10.0}]).to_csv(
+        stats / "speculative_speedup.csv", index=False)
+    return stats
+
+
+def test_a_quantized_cuda_reference_reaches_the_quantized_section_only(tmp_path):
+    # results/reference/cuda-h200/quantized/stats: the quantized section quotes it (this build
+    # ran no quantized job), with the serial/batch-parallel verdict computed from its ratios;
+    # the sub-study's speculative rows stay out of the CUDA reference's own claims.
+    local = host_dir(tmp_path / "local")
+    host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",), pairs=("cuda-cuda",))
+    write_quantized(tmp_path / "reference" / "cuda-h200" / "quantized" / "stats")
+    refs = reference.reference_dirs(tmp_path / "reference")
+    table = reference.compare(local / "stats", refs)
+    quantized = table[table["reference"] == "cuda-h200/quantized"]
+    assert {"quant_verify_cost", "quant_speedup", "quant_min_margin"} <= set(quantized["quantity"])
+    theirs = quantized[quantized["status"] == "only reference"]
+    assert set(theirs["reference_device"]) == {"cuda device_0"}  # cuda-h200's, by suffix
+    table.to_csv(local / "stats" / "reference_comparison.csv", index=False)
+    m = generate(local / "stats", tmp_path / "gen")
+    assert m["ifQuantizedReady"] == "false" and m["ifQuantRefReady"] == "true"
+    assert m["QuantRefName"] == r"\texttt{cuda-h200/quantized}"
+    assert m["QuantRefSerialSentence"].startswith(
+        r"verification is batch-parallel on \texttt{llama.cpp-Q4\_0-cuda} (0.025) and serial on "
+        r"\texttt{llama.cpp-F16-cuda} (1.0)")
+    assert "1.20 (unstable) at $K=4$" in m["QuantRefVerifySummary"]
+    assert m["QuantRefSpeedupSentence"] == (
+        r"\texttt{q4-q8-cuda} greedy 0.900 [0.800, 1.00] at $K=4$ and \texttt{q4-q8-cuda} "
+        r"sampled 0.900 [0.800, 1.00] at $K=4$")
+    assert m["QuantRefGreedySentence"].endswith(
+        "2 diverged, the earliest at position 63, the smallest top-2 logit margin there 0.0500")
+    assert m["RefCudaSpecBest"] != "9.00"  # the sub-study's pair is not the reference's best
+    empty = generate(host_dir(tmp_path / "bare") / "stats", tmp_path / "gen2")
+    assert empty["ifQuantRefReady"] == "false" and empty["QuantRefSerialSentence"] == "--"
+
+
 def test_comparison_without_references_is_empty(tmp_path):
     local = host_dir(tmp_path / "local")
     assert reference.reference_dirs(tmp_path / "absent") == {}

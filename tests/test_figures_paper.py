@@ -224,8 +224,8 @@ def test_each_section_defines_the_same_names_whether_its_stage_ran_or_not(stats,
              if name.endswith("Ready")}
     assert ready == {"SpeculativeReady": True, "VerificationReady": True,
                      "RegimeDepthReady": False, "BenchmarksReady": False,
-                     "QuantizedReady": False, "LongReady": False, "LongRefReady": False,
-                     "BatchedReady": False}
+                     "QuantizedReady": False, "QuantRefReady": False, "LongReady": False,
+                     "LongRefReady": False, "BatchedReady": False}
 
 
 def test_write_generated_all_files(stats, tmp_path):

@@ -208,6 +208,41 @@ def test_the_verify_cost_verb_writes_a_stamped_raw_file(ggufs, tmp_path):
     assert rows["llama_cpp_gpu_offload"].eq(False).all()
 
 
+def test_the_verify_verb_checks_a_quantized_pairs_sampled_mode_at_level_three(ggufs, tmp_path,
+                                                                               capsys):
+    """The equivalence levels apply to a pair with llama.cpp roles: level 3's tests run on the
+    GGUF target and draft; the correct rule is kept, and the log-ratio test rejects both wrong
+    rules (the negative controls). A llama.cpp role without its file is named."""
+    from decodelab.cli import main
+
+    spec = {"alpha": 0.01, "k": 3, "seeds": 1, "seed": 0,
+            "exact": {"random_pairs": 1, "vocab_sizes": [2], "concentrations": [1.0],
+                      "real_positions": 1, "block_vocab": 2, "block_ks": [1]},
+            "monte_carlo": {"draws": 1, "vocab": 2, "block_draws": 1},
+            "real": {"tokens": 4000, "budget": 24, "top": 30, "prompts": 2, "power_tokens": 60,
+                     "greedy_prompts": 2}}
+    pair = {"target": "target", "draft": "draft", "target_device": "cpu", "draft_device": "cpu",
+            "dtype": "float32", "target_backend": "llamacpp", "target_quant": "Q8_0",
+            "draft_backend": "llamacpp", "draft_quant": "Q8_0"}
+    args = ["verify", "--level", "real", "--spec", json.dumps(spec),
+            "--target-dir", str(ggufs["dirs"]["target"]), "--draft-dir",
+            str(ggufs["dirs"]["draft"]), "--pair", "q8-q8", "--pair-spec", json.dumps(pair),
+            "--target-gguf", str(ggufs["target"]["Q8_0"]), "--threads", "1"]
+    assert main([*args, "--out", str(tmp_path / "none.json")]) == 2
+    assert "runs its draft in llama.cpp" in capsys.readouterr().err
+    assert not (tmp_path / "none.json").exists()
+    out = tmp_path / "real_q8-q8.json"
+    assert main([*args, "--draft-gguf", str(ggufs["draft"]["Q8_0"]), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    p = {(r["check"], r["sampler"]): r["p_value"] for r in report["results"]}
+    assert report["pair"] == "q8-q8" and len(p) == 6
+    assert p[("two-sample chi-square", "correct")] > 0.01
+    assert p[("log-ratio t-test", "correct")] > 0.01
+    assert p[("log-ratio t-test", "accept_all")] < 0.01
+    assert p[("log-ratio t-test", "resample_from_p")] < 0.01
+    assert report["greedy"][0]["prompts"] == 2
+
+
 PEER_BUILT = all(os.access(llamapeer.programs_dir() / name, os.X_OK)
                  for name in (llamapeer.SPECULATIVE, llamapeer.AUTOREGRESSIVE))
 needs_peer = pytest.mark.skipif(not PEER_BUILT, reason="llama.cpp's llama-speculative and "

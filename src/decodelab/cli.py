@@ -339,7 +339,10 @@ def verify(args):
     elif args.level == "monte-carlo":
         out = vf.run_monte_carlo(spec)
     else:
-        out = vf.run_real(spec, args.pair, pair, args.target_dir, args.draft_dir, spec.seed)
+        gguf = {role: path for role, path in (("target", args.target_gguf),
+                                              ("draft", args.draft_gguf)) if path}
+        out = vf.run_real(spec, args.pair, pair, args.target_dir, args.draft_dir, spec.seed,
+                          gguf)
     write_report(out, args.out)
 
 
@@ -527,6 +530,11 @@ def add_machine(p: argparse.ArgumentParser) -> None:
                         f"${PREFLIGHT_ENV} (which the workflow sets from its config), else warn")
 
 
+def add_gguf(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target-gguf", help="the target's GGUF, where it runs in llama.cpp")
+    p.add_argument("--draft-gguf", help="the draft's GGUF, where it runs in llama.cpp")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="decodelab", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -606,8 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dir", required=True)
     p.add_argument("--pair", required=True, help="the configuration's name")
     p.add_argument("--pair-spec", required=True, help="devices and dtype, as JSON")
-    p.add_argument("--target-gguf", help="the target's GGUF, where it runs in llama.cpp")
-    p.add_argument("--draft-gguf", help="the draft's GGUF, where it runs in llama.cpp")
+    add_gguf(p)
     p.add_argument("--spec", required=True, help="the study settings, as JSON")
     add_timing(p)
     p.set_defaults(func=speculative)
@@ -724,6 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dir")
     p.add_argument("--pair", help="the configuration's name (level real)")
     p.add_argument("--pair-spec", help="devices and dtype, as JSON (level real)")
+    add_gguf(p)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)
     p.set_defaults(func=verify)

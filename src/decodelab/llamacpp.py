@@ -123,6 +123,9 @@ def load_role(model_dir: str | Path, pair: dict, role: str):
     `<role>_backend` is llamacpp, else the Hugging Face model in PyTorch."""
     device = pair[f"{role}_device"]
     if pair.get(f"{role}_backend") == "llamacpp":
+        if not pair.get(f"{role}_gguf"):
+            raise DecodelabError(f"the pair runs its {role} in llama.cpp ({role}_backend: "
+                                 f"llamacpp) but no GGUF file was given: pass --{role}-gguf")
         return Engine(pair[f"{role}_gguf"], device=device)
     return models.load(model_dir, device, pair["dtype"], role=role)
 

@@ -26,6 +26,11 @@ Each side is reduced to key numbers, one row per quantity and configuration:
                     drafter, policy, KV budget, context length, mode and K, with
                     long_speedup_low/_high, its interval; long_alpha (per-token acceptance)
                     likewise
+    quant_*         the quantized study (llama.cpp): quant_verify_cost, the target's time on K+1
+                    tokens over one per GGUF backend, model, context and K, and
+                    quant_verify_stable (1 or 0); quant_speedup per pair, mode and K with
+                    quant_speedup_low/_high, its interval, and in greedy mode quant_agree,
+                    quant_diverged, quant_first_divergence and quant_min_margin
 
 A reference's sub-study directories (`results/reference/<name>/<study>/stats/`, such as
 cuda-h200/long) are references of their own, named `<name>/<study>`.
@@ -71,7 +76,15 @@ QUANTITIES = {"decode_s": "median decode latency (s)", "kv_speedup": "KV-cache s
               "long_speedup_high": "its interval, upper end",
               "long_alpha": "long-context per-token acceptance",
               "long_alpha_low": "its interval, lower end",
-              "long_alpha_high": "its interval, upper end"}
+              "long_alpha_high": "its interval, upper end",
+              "quant_verify_cost": "quantized verify cost (K+1 tokens over 1)",
+              "quant_verify_stable": "quantized verify cost stable (1) or not (0)",
+              "quant_speedup": "quantized pair's speedup", "quant_speedup_low":
+              "its interval, lower end", "quant_speedup_high": "its interval, upper end",
+              "quant_agree": "greedy sequences equal to the quantized target's own",
+              "quant_diverged": "greedy sequences that diverged",
+              "quant_first_divergence": "earliest divergence (position)",
+              "quant_min_margin": "smallest top-2 logit margin there"}
 SELECTED = {"estimate": "spec_selected", "ci_low": "spec_selected_low",
             "ci_high": "spec_selected_high"}
 NO_RATIO = {"chi2_p", "log_ratio_p"}
@@ -80,6 +93,16 @@ LONG = {"long_speedup": {"speedup": "long_speedup", "ci_low": "long_speedup_low"
                          "ci_high": "long_speedup_high"},
         "long_acceptance": {"alpha": "long_alpha", "ci_low": "long_alpha_low",
                             "ci_high": "long_alpha_high"}}
+# quantized table -> (its keys, {its column: quantity})
+QUANTIZED = {"quantized_verify_cost": (["backend", "model", "prompt_len", "k"],
+                                       {"ratio": "quant_verify_cost",
+                                        "stable": "quant_verify_stable"}),
+             "quantized_speculative": (["pair", "mode", "k"],
+                                       {"speedup": "quant_speedup", "ci_low": "quant_speedup_low",
+                                        "ci_high": "quant_speedup_high", "agree": "quant_agree",
+                                        "diverged": "quant_diverged",
+                                        "first_divergence": "quant_first_divergence",
+                                        "min_margin": "quant_min_margin"})}
 LEVEL3_CHECKS = {"chi2_p": "chi-square", "log_ratio_p": "log-ratio"}
 
 
@@ -175,6 +198,7 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
             parts.append(frame(rows[["pair", "sampler", "p_value"]].assign(models=pair_models),
                                quantity, "p_value"))
     parts += long_numbers(stats_dir, pair_models)
+    parts += quantized_numbers(stats_dir, pair_models)
     if not parts:
         return pd.DataFrame(columns=[*KEYS, "value"])
     return pd.concat(parts, ignore_index=True)
@@ -189,6 +213,22 @@ def long_numbers(stats_dir: Path, models: str) -> list[pd.DataFrame]:
         if len(rows):
             parts += [frame(rows[[*LONG_KEYS, column]].assign(models=models), quantity, column)
                       for column, quantity in columns.items()]
+    return parts
+
+
+def quantized_numbers(stats_dir: Path, models: str) -> list[pd.DataFrame]:
+    """The quantized study's verify costs and pair speedups (`QUANTIZED`); rows without a value
+    (sampled mode has no greedy agreement) are left out."""
+    parts = []
+    for name, (keys, columns) in QUANTIZED.items():
+        rows = read(stats_dir, name).rename(columns={"context": "prompt_len"})
+        if not len(rows):
+            continue
+        if "stable" in rows:
+            rows["stable"] = as_bool(rows["stable"]).astype(float)
+        for column, quantity in columns.items():
+            values = rows[[*keys, column]].dropna(subset=[column]).assign(models=models)
+            parts.append(frame(values, quantity, column))
     return parts
 
 
@@ -221,9 +261,11 @@ def pair_backends(pair: str) -> list[str]:
 
 
 def row_device(row: pd.Series, by_backend: dict[str, str]) -> str:
-    """The device of a row's backend, or of both devices of its pair."""
+    """The device of a row's backend (a llama.cpp backend `llama.cpp-<type>-<device>` by its
+    device), or of both devices of its pair."""
     backends = [row["backend"]] if row["backend"] else pair_backends(str(row["pair"]))
-    return " / ".join(dict.fromkeys(by_backend.get(b, "") for b in backends if b))
+    found = (by_backend.get(b) or by_backend.get(b.rsplit("-", 1)[-1], "") for b in backends if b)
+    return " / ".join(dict.fromkeys(d for d in found if d))
 
 
 def compare_one(local: pd.DataFrame, ref: pd.DataFrame, name: str, local_dev: dict[str, str],

@@ -19,6 +19,7 @@ from . import equivalence as eq
 from . import longctx, models, tables
 from .config import GREEDY, LongVerificationJob, Pair, Verification
 from .errors import DecodelabError
+from .llamacpp import load_role
 from .sparse_kv import Policy
 from .speculative import generate
 from .train import heldout_prompts
@@ -135,12 +136,14 @@ def run_monte_carlo(spec: Verification) -> dict:
 
 
 def run_real(spec: Verification, pair_name: str, pair: Pair, target_dir: str, draft_dir: str,
-             seed: int) -> dict:
+             seed: int, gguf: dict[str, str] | None = None) -> dict:
     """Level 3 on one draft/target configuration: both tests at full size, greedy agreement,
-    and power over seeds at `power_tokens`."""
+    and power over seeds at `power_tokens`. A role the pair runs in llama.cpp loads its GGUF
+    file (`gguf`: role -> path), so the sampled mode of a quantized pair is checked the same way."""
     real = spec.real
-    target, draft = load_models(target_dir, draft_dir, pair.target_device, pair.draft_device,
-                                pair.dtype)
+    roles = asdict(pair) | {f"{role}_gguf": path for role, path in (gguf or {}).items()}
+    target, draft = (load_role(d, roles, role) for d, role in ((target_dir, "target"),
+                                                                (draft_dir, "draft")))
     prompts = heldout_prompts(target_dir, real.prompts, 32, seed)
     greedy_prompts = heldout_prompts(target_dir, real.greedy_prompts, 32, seed + 1)
     return {"level": 3, "pair": pair_name,

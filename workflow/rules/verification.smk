@@ -44,6 +44,8 @@ rule verify_real:
     input:
         target=lambda wc: f"results/models/{PAIRS[wc.pair].target}",
         draft=lambda wc: f"results/models/{PAIRS[wc.pair].draft}",
+        target_gguf=pair_gguf("target"),
+        draft_gguf=pair_gguf("draft"),
     output:
         "results/{host}/verification/real_{pair}.json",
     log:
@@ -60,10 +62,11 @@ rule verify_real:
     params:
         spec=as_arg(VERIFY.job_spec()),
         pair=lambda wc: as_arg(PAIRS[wc.pair].job_spec()),
+        gguf=gguf_args,
     shell:
         "decodelab verify --level real --spec {params.spec} --target-dir {input.target}"
         " --draft-dir {input.draft} --pair {wildcards.pair} --pair-spec {params.pair}"
-        " --threads {threads} --out {output} 2> {log}"
+        " {params.gguf} --threads {threads} --out {output} 2> {log}"
 
 
 # The long-context pair (config 'long.verification'): the target verifying on its full cache,

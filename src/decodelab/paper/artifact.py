@@ -80,7 +80,8 @@ QUANTITY_LABELS = {"decode_s": "decode (ms)", "kv_speedup": r"KV speedup",
                    "parallelism": "verif.\\ parallelism", "hf_ratio": "speed vs.\\ HF assisted",
                    "chi2": r"$\chi^2$", "chi2_p": r"$\chi^2$ $p$", "log_ratio_p": "log-ratio $p$",
                    "step_ups": "runs stepping up", "long_speedup": "long-context speedup",
-                   "long_alpha": "long-context alpha"}
+                   "long_alpha": "long-context alpha", "quant_verify_cost":
+                   "quantized verify cost", "quant_speedup": "quantized speedup"}
 
 
 def ratio_cell(r) -> str:
@@ -161,10 +162,11 @@ def cuda_rows(comparison: pd.DataFrame) -> pd.DataFrame:
 
 def cuda_reference_macros(comparison: pd.DataFrame) -> dict[str, str]:
     """What the references measured on CUDA: the regime verdict and the speculative and
-    verification results that the seed's claims are about (over every CUDA reference; the
-    long-context study's rows are the long section's, `paper.long`)."""
+    verification results that the seed's claims are about (over every CUDA reference but the
+    sub-studies `<name>/<study>`, whose rows are their sections': `paper.long`,
+    `paper.quantized`)."""
     rows = cuda_rows(comparison)
-    rows = rows[~rows["quantity"].astype(str).str.startswith("long_")]
+    rows = rows[~rows["reference"].astype(str).str.contains("/")]
 
     def values(quantity: str) -> pd.DataFrame:
         return rows[rows["quantity"] == quantity]

@@ -7,7 +7,10 @@ verification is serial or batch-parallel there, and the speculative pairs with a
                                  own speculative speedup and acceptance beside decodelab's
 
 The stage is optional: without rows in quantized_verify_cost.csv or quantized_speculative.csv
-\QuantizedReady is false and the macros read '--'. The seed's claim of serial verification on a
+\QuantizedReady is false and the macros read '--'. The committed CUDA reference of the study
+(results/reference/<name>/quantized, read by `reference.compare` into reference_comparison.csv)
+is quoted from that table whether or not this build ran the study, with its own flag
+\QuantRefReady. The seed's claim of serial verification on a
 quantized Metal backend stays "not run" until a Mac's rows (device metal) are merged in.
 """
 
@@ -17,10 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import reference as rf
 from .. import tables
+from . import seed
 from .section import Section, placeholders, stage
 from .settings import confidence
-from .tex import NONE, ci, human_list, percent, sig, tabular, tt
+from .tex import NONE, ci, human_list, percent, sig, tabular, tex_escape, tt
 
 REPORTED_K = (4, 8, 16)
 # What each token past the first costs in one-token passes ((ratio - 1) / K), the median over K:
@@ -129,9 +134,74 @@ def built(verify: pd.DataFrame, spec: pd.DataFrame, peer: pd.DataFrame, settings
         "tab_quantized_peer.tex": peer_table(peer, level)})
 
 
+# --- the committed CUDA reference of the study, from reference_comparison.csv ---------------
+
+def reference_rows(comparison: pd.DataFrame, table: str) -> pd.DataFrame:
+    """The first quantized CUDA reference's rows of one `rf.QUANTIZED` table, wide: its keys,
+    reference, reference_device and the table's own column names."""
+    keys, columns = rf.QUANTIZED[table]
+    names = {quantity: column for column, quantity in columns.items()}
+    comparison = comparison.reindex(columns=rf.COLUMNS)
+    rows = comparison[comparison["quantity"].isin(names) & (comparison["status"] != "only local")]
+    quantized = comparison[comparison["quantity"].astype(str).str.startswith("quant_")
+                           & (comparison["status"] != "only local")]
+    if not len(quantized):
+        return pd.DataFrame(columns=["reference", "reference_device", *keys, *columns])
+    rows = rows[rows["reference"] == quantized["reference"].iloc[0]]
+    index = ["reference", "reference_device", *keys]
+    rows = rows.assign(**{k: rows[k].fillna("") for k in index if rows[k].dtype == object})
+    wide = rows.pivot_table(index=index, columns="quantity", values="reference_value",
+                            aggfunc="first").reset_index()
+    return wide.rename(columns=names).reindex(columns=[*index, *columns])
+
+
+def pytorch_rows(comparison: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """PyTorch's verify cost measured beside llama.cpp's in the same reference."""
+    comparison = comparison.reindex(columns=rf.COLUMNS)
+    rows = comparison[(comparison["reference"] == reference)
+                      & (comparison["quantity"] == "parallelism")
+                      & (comparison["status"] != "only local")]
+    return rows.rename(columns={"reference_value": "ratio"}).assign(stable=True)
+
+
+def speedup_sentence(spec: pd.DataFrame) -> str:
+    """Per pair and mode, the best K's speedup with its interval."""
+    parts = []
+    for (pair, mode), g in spec.groupby(["pair", "mode"], sort=True):
+        best = g.loc[g["speedup"].idxmax()]
+        parts.append(f"{tt(pair)} {mode} {sig(best['speedup'])} "
+                     f"{ci(best['ci_low'], best['ci_high'])} at $K={int(best['k'])}$")
+    return human_list(parts, empty=NONE)
+
+
+def reference_section(comparison: pd.DataFrame) -> Section:
+    """QuantRef*: what the first CUDA reference of the study measured, from the comparison."""
+    verify = reference_rows(comparison, "quantized_verify_cost")
+    spec = reference_rows(comparison, "quantized_speculative")
+    ran = bool(len(verify))
+    name = verify["reference"].iloc[0] if ran else ""
+    verify = verify.assign(stable=verify["stable"].astype(float) > 0,
+                           extra_per_token=(verify["ratio"] - 1) / verify["k"])
+    torch = pytorch_rows(comparison, name)
+    macros = {
+        "QuantRefName": tt(name) if ran else NONE,
+        "QuantRefDevice": tex_escape(verify["reference_device"].iloc[0]) if ran else NONE,
+        "QuantRefVerifySummary": verify_summary(verify) if ran else NONE,
+        "QuantRefTorchSummary": verify_summary(torch) if len(torch) else NONE,
+        "QuantRefSerialSentence": serial_sentence(verify) if ran else NONE,
+        "QuantRefSpeedupSentence": speedup_sentence(spec) if len(spec) else NONE,
+        "QuantRefGreedySentence": greedy_sentence(spec) if len(spec) else NONE,
+    }
+    return stage("QuantRefReady", ran, Section(macros, {}))
+
+
 def parts(stats_dir: Path, settings: dict) -> Section:
     t = tables.read_group(stats_dir, "quantized")
     verify, spec, peer = t["verify_cost"], t["speculative"], t["peer"]
     ran = bool(len(verify) or len(spec))
     section = built(verify, spec, peer, settings)
-    return stage("QuantizedReady", ran, section if ran else placeholders(section))
+    shown = section if ran else placeholders(section)
+    ref = reference_section(tables.read(stats_dir, "reference_comparison"))
+    return stage("QuantizedReady", ran, Section({**shown.macros, **ref.macros,
+                                                 **seed.quantized_claims()},
+                                                {**shown.flags, **ref.flags}, shown.files))

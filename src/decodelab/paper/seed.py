@@ -27,6 +27,15 @@ BUDGETDRAFT_SETUP = {"Contexts": "4K, 8K and 16K", "Drafter": "68M", "Verifier":
 # approximately 27% over the strongest prior self-speculative baselines".
 ASPIRE_CLAIMS = {"Low": 1.70, "High": 4.58, "OverSyncPercent": 27}
 
+# Public reports of quantized verification on Apple silicon (issue #19's sources), quoted as what
+# a Mac run would be expected to show: llama.cpp on an M3 Max with Q4_0 "processes 1 token at
+# 63.6 t/s but 2 tokens at 25.9 t/s" (ggml-org/llama.cpp#4624), and MLX's 4-bit
+# quantized_matmul "costs 6.1x its one-row time at 8 rows while bf16 stays at 2x"
+# (ml-explore/mlx#4265).
+METAL_REPORTS = {"LlamaOneToken": 63.6, "LlamaTwoTokens": 25.9, "LlamaIssue": 4624,
+                 "LlamaSetup": "a Q4\\_0 model on an M3 Max", "MlxEightRows": 6.1,
+                 "MlxBfSixteen": 2.0, "MlxIssue": 4265, "MlxSetup": "4-bit matrix product"}
+
 
 def speculative_claims() -> dict[str, str]:
     """The seed's reported values (SEED_CLAIMS): the text labels them as the seed's."""
@@ -59,3 +68,15 @@ def batched_claims() -> dict[str, str]:
     c = ASPIRE_CLAIMS
     return {"SeedAspireLow": f"{c['Low']:.2f}", "SeedAspireHigh": f"{c['High']:.2f}",
             "SeedAspireOverSyncPercent": str(c["OverSyncPercent"])}
+
+
+def quantized_claims() -> dict[str, str]:
+    """Public Metal reports (METAL_REPORTS): the text labels them as others' measurements."""
+    r = METAL_REPORTS
+    return {"MetalLlamaOneToken": plain(r["LlamaOneToken"]),
+            "MetalLlamaTwoTokens": plain(r["LlamaTwoTokens"]),
+            "MetalLlamaIssue": f"ggml-org/llama.cpp\\#{r['LlamaIssue']}",
+            "MetalMlxEightRows": plain(r["MlxEightRows"]),
+            "MetalMlxBfSixteen": plain(r["MlxBfSixteen"]),
+            "MetalMlxIssue": f"ml-explore/mlx\\#{r['MlxIssue']}",
+            "MetalLlamaSetup": r["LlamaSetup"], "MetalMlxSetup": r["MlxSetup"]}
