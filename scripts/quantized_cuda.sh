@@ -20,7 +20,7 @@ deadline=$((SECONDS + ${1:?usage: quantized_cuda.sh SECONDS [--no-build]}))
 build=${2:-build}
 device=${DECODELAB_QUANT_DEVICE:-cuda}  # cpu: the same steps on a CPU build (the script's test)
 out=${OUT:-/tmp/quantized-cuda-out}
-ref=results/reference/cuda-h200/quantized
+ref=${DECODELAB_QUANT_REF:-results/reference/cuda-h200/quantized}  # where a CPU run lands: DECODELAB_QUANT_REF
 work=${DECODELAB_QUANT_WORK:-/tmp/quantized-cuda}
 src=$PWD/.gpu/llama-src
 # --exclude-libs: stop 30's backtrace had libllama's std::ostream calls land in C++ runtime code
@@ -109,7 +109,8 @@ for model in target draft gpt2; do
 	done
 done
 say "converted: $(ls results/gguf/*/ | tr '\n' ' ')"
-if [ ! -s "$log/probe.txt" ]; then  # which process environment lets llama.cpp's CUDA live beside torch
+[ "$device" = cpu ] && echo : >"$log/cuda_env.sh"  # the CPU build lives beside torch as is
+if [ ! -s "$log/cuda_env.sh" ] && [ ! -s "$log/probe.txt" ]; then  # which process environment lets llama.cpp's CUDA live beside torch
 	timeout "$(limit 60)" python3 "$repo/scripts/llama_cuda_probe.py" results/gguf/target/F16.gguf \
 		results/gguf/draft/Q8_0.gguf "$log/cuda_env.sh" >"$log/probe.txt" 2>&1
 	cat "$log/probe.txt"
