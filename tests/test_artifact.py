@@ -534,6 +534,7 @@ def test_paper_compiles_with_two_hosts_references_and_benchmarks(merged, tmp_pat
     local = tmp_path / "results" / "vm"
     host_dir(tmp_path / "reference" / "default-cpu")
     host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",), pairs=("cuda-cuda",))
+    write_quantized(tmp_path / "reference" / "cuda-h200" / "quantized" / "stats")
     refs = reference.reference_dirs(tmp_path / "reference")
     reference.compare(local / "stats", refs).to_csv(merged / "reference_comparison.csv",
                                                     index=False)

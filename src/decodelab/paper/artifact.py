@@ -81,7 +81,11 @@ QUANTITY_LABELS = {"decode_s": "decode (ms)", "kv_speedup": r"KV speedup",
                    "chi2": r"$\chi^2$", "chi2_p": r"$\chi^2$ $p$", "log_ratio_p": "log-ratio $p$",
                    "step_ups": "runs stepping up", "long_speedup": "long-context speedup",
                    "long_alpha": "long-context alpha", "quant_verify_cost":
-                   "quantized verify cost", "quant_speedup": "quantized speedup"}
+                   "quantized verify cost", "quant_verify_stable": "its verdict (1 stable)",
+                   "quant_speedup": "quantized speedup", "quant_speedup_low": "its CI, low",
+                   "quant_speedup_high": "its CI, high", "quant_agree": "greedy equal",
+                   "quant_diverged": "greedy diverged", "quant_first_divergence":
+                   "first divergence", "quant_min_margin": "its logit margin"}
 
 
 def ratio_cell(r) -> str:
@@ -126,7 +130,7 @@ def reference_cell(r) -> str:
 
 
 def reference_table(summary: pd.DataFrame) -> str:
-    header = [r"Reference & Quantity & Configuration & $n$ & This run & Reference & "
+    header = [r"Reference & Quantity & Configu\-ration & $n$ & This run & Reference & "
               r"This / reference \\"]
     return long_tabular(r"@{}ll>{\raggedright\arraybackslash}Xrrrl@{}", header,
                         reference_rows(summary), "no reference run in results/reference/",
