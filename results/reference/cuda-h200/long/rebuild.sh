@@ -7,3 +7,4 @@ R=results/reference/cuda-h200/long
 spec=$(python3 -c "import json; from decodelab.config import load_settings
 print(json.dumps(load_settings('config/long.yaml').stats.job_spec(), sort_keys=True))")
 decodelab long-stats --spec "$spec" --out "$R/stats" --runs "$R"/raw/long/*.parquet
+decodelab model-table --out "$R/stats/models.csv" "$R"/models/*
