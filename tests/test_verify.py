@@ -79,7 +79,9 @@ def test_the_long_pair_keeps_the_target_law_and_rejects_both_wrong_rules(one_thr
     prompts = [tokens(24, seed=s, vocab=8) for s in range(4)]
     policy = Policy("sink_window", 5)
     speculate = verify.sparse_speculate(policy, self_draft=True)
-    spec = replace(SPEC, real=replace(SPEC.real, tokens=512, power_tokens=256))
+    # resample_from_p is the harder wrong rule here: its log-ratio p-value reaches 0.01 at about
+    # one seed in three at 512 tokens, and at 256 it depends on the sampler's random stream.
+    spec = replace(SPEC, real=replace(SPEC.real, tokens=512, power_tokens=512))
     p, q = eq.engine_pairs(model, model, prompts, 60, spec.k, 0, spec.real.budget, speculate)
     check = eq.pair_check(p, q)
     assert len(p) == 60 and check["beta_mean"] < 0.95  # q is the sparse view's, not p
