@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
@@ -623,9 +624,10 @@ def in_processes(fn: Callable, keys: list, workers: int) -> list:
     Sampling one sequence at a time from a small model gains almost nothing from torch's
     intra-op threads, while independent samples split over processes run side by side. `fn`
     must be deterministic in its key (its own seeds), so the result does not depend on workers.
+    Linux only: macOS frameworks loaded beside torch are not safe to fork, so there it is serial.
     """
     global _TASK
-    if workers <= 1 or len(keys) <= 1:
+    if workers <= 1 or len(keys) <= 1 or sys.platform != "linux":
         return [fn(key) for key in keys]
     _TASK = fn
     try:
