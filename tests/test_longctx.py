@@ -48,11 +48,14 @@ def test_a_budget_covering_the_context_drafts_exactly_the_target(model, name):
 
 
 def test_a_small_budget_is_rejected_sometimes(model):
-    # The control of the one above: the sparse draft is not the target's.
-    out = generate(model, tokens(200), 40, 4, Policy("sink_window", budget=8),
-                   Sampling(temperature=1.0), torch.Generator().manual_seed(0),
-                   torch.Generator().manual_seed(1))
-    assert out.proposal_acceptance < 1.0
+    # The control of the one above: the sparse draft is not the target's. Its law is close to
+    # the target's: a run of 40 tokens keeps every proposal about one time in three, of 120
+    # about one in eight; 4 runs of 120.
+    rates = [generate(model, tokens(200), 120, 4, Policy("sink_window", budget=8),
+                      Sampling(temperature=1.0), torch.Generator().manual_seed(seed),
+                      torch.Generator().manual_seed(seed + 1)).proposal_acceptance
+             for seed in range(4)]
+    assert min(rates) < 1.0
 
 
 def two_token_counts(model, prompt, rule, runs, policy, s, drafter=None):
@@ -121,11 +124,13 @@ def test_a_drafter_equal_to_the_target_with_a_covering_budget_is_always_accepted
                        torch.Generator().manual_seed(0), torch.Generator().manual_seed(1),
                        drafter=twin)
         assert out.proposal_acceptance == 1.0
-    # The control: a small budget makes the twin's draft differ from the target's.
-    out = generate(model, tokens(200), 40, 4, Policy("sink_window", budget=8),
-                   Sampling(temperature=1.0), torch.Generator().manual_seed(0),
-                   torch.Generator().manual_seed(1), drafter=twin)
-    assert out.proposal_acceptance < 1.0
+    # The control: a small budget makes the twin's draft differ from the target's (4 runs, as
+    # in the control above).
+    rates = [generate(model, tokens(200), 120, 4, Policy("sink_window", budget=8),
+                      Sampling(temperature=1.0), torch.Generator().manual_seed(seed),
+                      torch.Generator().manual_seed(seed + 1), drafter=twin).proposal_acceptance
+             for seed in range(4)]
+    assert min(rates) < 1.0
 
 
 def test_the_drafters_full_cache_holds_every_accepted_token_as_full_attention_computes_it(

@@ -142,7 +142,7 @@ class ToyLM(torch.nn.Module):
     def get_output_embeddings(self):
         return SimpleNamespace(out_features=self.config.vocab_size)
 
-    def forward(self, input_ids, use_cache=True, past_key_values=None):
+    def forward(self, input_ids, use_cache=True, past_key_values=None, logits_to_keep=0):
         ids = input_ids[0]
         past_key_values.ids += ids.tolist()
         vocab = self.config.vocab_size
@@ -151,7 +151,8 @@ class ToyLM(torch.nn.Module):
         nxt = torch.where(wrong, (nxt + 1) % vocab, nxt)
         if self.sleep:
             time.sleep(self.sleep)
-        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, vocab)[None].float() * 9)
+        logits = torch.nn.functional.one_hot(nxt, vocab).float() * 9
+        return SimpleNamespace(logits=logits[-logits_to_keep:][None])
 
 
 def alpha_interval(accepted: list[int], k: int, draws=4000, level=0.99, seed=0):

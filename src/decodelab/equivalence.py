@@ -25,6 +25,8 @@ p one-hot). `power` turns any level into a rejection rate over seeds.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
@@ -605,23 +607,68 @@ def block_level(target: Model, draft: Model, k: int, m: int, n: int, clip: bool 
     return lambda sampler, seed: monte_carlo_block(sampler, target, draft, k, m, n, seed, clip)
 
 
+_TASK: Callable | None = None  # `in_processes`' function: set before the fork, inherited
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _run_task(key):
+    return _TASK(key)
+
+
+def in_processes(fn: Callable, keys: list, workers: int) -> list:
+    """[fn(key) for key in keys], in `workers` forked processes of one CPU thread each.
+
+    Sampling one sequence at a time from a small model gains almost nothing from torch's
+    intra-op threads, while independent samples split over processes run side by side. `fn`
+    must be deterministic in its key (its own seeds), so the result does not depend on workers.
+    Linux only: macOS frameworks loaded beside torch are not safe to fork, so there it is serial.
+    """
+    global _TASK
+    if workers <= 1 or len(keys) <= 1 or sys.platform != "linux":
+        return [fn(key) for key in keys]
+    _TASK = fn
+    try:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_one_thread) as pool:
+            return pool.map(_run_task, keys, chunksize=1)
+    finally:
+        _TASK = None
+
+
 def real_model_levels(target, draft, prompts: Sequence[Sequence[int]], n_tokens: int, k: int,
                       budget: int = 64, top: int = 200, speculate: Speculate = generate,
-                      draft_law: LogProbs | None = None) -> dict[str, Level]:
+                      draft_law: LogProbs | None = None) -> dict[str, Callable]:
     """Level 3 at a seed, both tests: `two_sample_test` ("chi2") and `log_ratio_test`
     ("log_ratio", its q from `draft_law` where given). Each (method, seed) sample of n_tokens
     and its log ratios are computed once and shared, so the autoregressive sample of a seed
-    serves every rule and both tests."""
+    serves every rule and both tests. "prefetch"(keys, workers) computes many of them at once,
+    in `workers` processes where both models are on the CPU (`in_processes`)."""
+    samples: dict[tuple[str, int], tuple[int, ...]] = {}
+    log_ratios: dict[tuple[str, int], np.ndarray] = {}
 
-    @cache
     def tokens(method: str, seed: int) -> tuple[int, ...]:
-        return tuple(sample_tokens(target, draft, prompts, n_tokens, method, k, seed, budget,
-                                   speculate))
+        if (method, seed) not in samples:
+            samples[method, seed] = tuple(sample_tokens(target, draft, prompts, n_tokens, method,
+                                                        k, seed, budget, speculate))
+        return samples[method, seed]
 
-    @cache
     def ratios(method: str, seed: int) -> np.ndarray:
-        return sequence_log_ratios(target, draft, prompts, tokens(method, seed), budget,
-                                   draft_law)
+        if (method, seed) not in log_ratios:
+            log_ratios[method, seed] = sequence_log_ratios(target, draft, prompts,
+                                                           tokens(method, seed), budget, draft_law)
+        return log_ratios[method, seed]
+
+    def both(key: tuple[str, int]) -> tuple[tuple[int, ...], np.ndarray]:
+        return tokens(*key), ratios(*key)
+
+    def prefetch(keys: Sequence[tuple[str, int]], workers: int) -> None:
+        todo = [key for key in dict.fromkeys(keys) if key not in log_ratios]
+        on_cpu = device_of(target).type == device_of(draft).type == "cpu"
+        for key, (toks, r) in zip(todo, in_processes(both, todo, workers if on_cpu else 1),
+                                  strict=True):
+            samples[key], log_ratios[key] = toks, r
 
     def chi2(sampler: str, seed: int) -> dict:
         return two_sample_test(tokens("autoregressive", seed), tokens(sampler, seed), top,
@@ -630,7 +677,7 @@ def real_model_levels(target, draft, prompts: Sequence[Sequence[int]], n_tokens:
     def log_ratio(sampler: str, seed: int) -> dict:
         return welch(ratios("autoregressive", seed), ratios(sampler, seed))
 
-    return {"chi2": chi2, "log_ratio": log_ratio, "tokens": tokens}
+    return {"chi2": chi2, "log_ratio": log_ratio, "tokens": tokens, "prefetch": prefetch}
 
 
 def real_model_level(target, draft, prompts: Sequence[Sequence[int]], n_tokens: int, k: int,

@@ -51,12 +51,13 @@ class TruePositions:
     def get_output_embeddings(self):
         return self.model.get_output_embeddings()
 
-    def forward(self, input_ids: torch.Tensor, cache, use_cache: bool = True):
+    def forward(self, input_ids: torch.Tensor, cache, use_cache: bool = True,
+                logits_to_keep: int = 0):
         n = input_ids.shape[1]
         ids = torch.arange(self.next, self.next + n, device=input_ids.device)[None]
         self.next += n
         return self.model(input_ids=input_ids, position_ids=ids, use_cache=use_cache,
-                          **{cache_kwarg(self.model): cache})
+                          logits_to_keep=logits_to_keep, **{cache_kwarg(self.model): cache})
 
     __call__ = forward
 

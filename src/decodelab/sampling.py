@@ -41,15 +41,19 @@ def _resample_weights(p: torch.Tensor, q: torch.Tensor, tol: float) -> torch.Ten
 
 
 def _sample_no_sync(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """[..., V] unnormalised weights -> [...] indices, without a host sync (gpt-fast's trick).
+    """[..., V] unnormalised weights -> [...] indices, without a host sync: one uniform per row
+    against the running sum (inverse CDF), in float64 where the device has it.
 
-    argmax(w / E) with E ~ Exp(1) is an exponential race: index x wins with probability
-    w(x) / sum(w). Zero weights never win.
+    One random number per draw, where torch.multinomial and the exponential race draw V of them
+    (0.1-0.15 ms per 4096-token row on a CPU core: a sixth of the default draft's step). A zero
+    weight spans an empty interval of the running sum, so it never wins.
     """
-    race = torch.empty_like(weights).exponential_(1, generator=generator)
-    # exponential_ can return exactly 0, and 0/0 = nan would win the argmax.
-    race = race.clamp_min(torch.finfo(race.dtype).tiny)
-    return (weights / race).argmax(dim=-1)
+    cdf = weights.to(_wide(weights.device)).cumsum(-1)
+    total = cdf[..., -1:]
+    u = torch.rand(total.shape, generator=generator, device=cdf.device, dtype=cdf.dtype)
+    # u < 1, but u * total may round up to total: keep the point strictly inside the last span.
+    point = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))
+    return torch.searchsorted(cdf, point, right=True).squeeze(-1)
 
 
 def _leading_run(matched: torch.Tensor) -> torch.Tensor:
@@ -100,18 +104,18 @@ def speculative_accept(target_probs: torch.Tensor, draft_probs: torch.Tensor,
                          f"{target_probs.device}")
 
     wide = _wide(target_probs.device)
-    p = target_probs.to(wide)
-    # A zero draft row at the bonus position makes its residual p_K itself: one code path.
-    q = torch.cat([draft_probs.to(wide), p.new_zeros(1, v)])
     tokens = draft_tokens.long().unsqueeze(1)
-    p_x = p[:k].gather(1, tokens).squeeze(1)
-    q_x = q[:k].gather(1, tokens).squeeze(1)
-    u = torch.rand(k, generator=generator, device=p.device, dtype=wide)
+    p_x = target_probs[:k].gather(1, tokens).squeeze(1).to(wide)
+    q_x = draft_probs.gather(1, tokens).squeeze(1).to(wide)
+    u = torch.rand(k, generator=generator, device=target_probs.device, dtype=wide)
     # u * q < p rather than u < p / q: no 0/0 when q(x) = p(x) = 0.
     n = _leading_run(u * q_x < p_x)
 
+    # A zero draft row at the bonus position makes its residual p_K itself: one code path.
+    q = torch.cat([draft_probs, draft_probs.new_zeros(1, v)])
     tol = _residual_tol(target_probs.dtype, draft_probs.dtype)
-    weights = _resample_weights(p.index_select(0, n), q.index_select(0, n), tol)
+    weights = _resample_weights(target_probs.index_select(0, n).to(wide),
+                                q.index_select(0, n).to(wide), tol)
     next_token = _sample_no_sync(weights, generator)
     n_accepted, token = torch.cat([n, next_token]).tolist()
     return n_accepted, token
@@ -154,7 +158,8 @@ def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: 
     logits = logits.float()
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / temperature
+    if temperature != 1:
+        logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
@@ -166,9 +171,8 @@ def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: 
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """probs [..., V] -> sampled indices [...] (long), via torch.multinomial."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    """probs [..., V] -> sampled indices [...] (long), by inverse CDF (`_sample_no_sync`)."""
+    return _sample_no_sync(probs, generator)
 
 
 def emitted_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

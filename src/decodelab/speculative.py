@@ -84,9 +84,11 @@ def device_of(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def feed(model, cache: DynamicCache, ids: torch.Tensor) -> torch.Tensor:
-    """Run `ids` ([T] on the model's device) through the model; logits of every position [T, V]."""
-    out = model(input_ids=ids[None], use_cache=True, **{cache_kwarg(model): cache})
+def feed(model, cache: DynamicCache, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+    """Run `ids` ([T] on the model's device) through the model; logits [min(keep, T), V] of the
+    last `keep` positions, of all T where keep is 0 (the output layer runs on those alone)."""
+    out = model(input_ids=ids[None], use_cache=True, logits_to_keep=keep,
+                **{cache_kwarg(model): cache})
     return out.logits[0].float()
 
 
@@ -111,9 +113,10 @@ class Spans:
             yield
             self.spans[role].append(now(device) - t)
 
-    def feed(self, role: str, model, cache: DynamicCache, ids: torch.Tensor) -> torch.Tensor:
+    def feed(self, role: str, model, cache: DynamicCache, ids: torch.Tensor, keep: int = 0
+             ) -> torch.Tensor:
         with self.span(role, ids.device):
-            return feed(model, cache, ids)
+            return feed(model, cache, ids, keep)
 
     def seconds(self, role: str) -> float:
         """Summed time of the role's passes; call after the last timestamp."""
@@ -162,13 +165,13 @@ def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
                 torch.empty(0, vocab, device=ids.device), None)
     spans = spans or Spans()
     tokens, probs = [], []
-    logits = first = spans.feed("draft", draft, cache, ids)[-1]
+    logits = first = spans.feed("draft", draft, cache, ids, keep=1)[-1]
     for i in range(k):
         token, q = draw(logits, s, generator)
         tokens.append(token)
         probs.append(q)
         if i < k - 1:
-            logits = spans.feed("draft", draft, cache, token)[-1]
+            logits = spans.feed("draft", draft, cache, token, keep=1)[-1]
     return torch.cat(tokens), torch.stack(probs), first
 
 
@@ -178,8 +181,8 @@ def verify(target, cache: DynamicCache, ids: torch.Tensor, draft_tokens: torch.T
            ) -> tuple[int, int, torch.Tensor]:
     """(accepted draft tokens, the next token, the target's logits at the K+1 positions)."""
     k = len(draft_tokens)
-    logits = (spans or Spans()).feed("target", target, cache,
-                                     torch.cat([ids, draft_tokens]))[-(k + 1):]
+    logits = (spans or Spans()).feed("target", target, cache, torch.cat([ids, draft_tokens]),
+                                     keep=k + 1)
     if s.greedy:
         return (*greedy_accept(logits, draft_tokens), logits)
     p = warp(logits, s.temperature, s.top_k, s.top_p)
@@ -252,13 +255,14 @@ def autoregressive(model, prompt: list[int], budget: int, s: Sampling = GREEDY,
     cache = new_cache(model)
     spans = Spans()
     start = now(device)
-    logits = first = spans.feed("target", model, cache, torch.tensor(prompt, device=device))[-1]
+    logits = first = spans.feed("target", model, cache, torch.tensor(prompt, device=device),
+                                keep=1)[-1]
     tokens = []
     for i in range(budget):
         token, _ = draw(logits, s, generator)
         tokens.append(token)
         if i < budget - 1:
-            logits = spans.feed("target", model, cache, token)[-1]
+            logits = spans.feed("target", model, cache, token, keep=1)[-1]
     out = Result(tokens=torch.cat(tokens).tolist(), accepted=[0] * budget)
     out.total_s = now(device) - start
     check_finite({"target": model}, {"target": [first, logits]})

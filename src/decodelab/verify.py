@@ -7,7 +7,7 @@ power tables repeat the statistical checks over seeds.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from functools import partial
 
@@ -72,19 +72,26 @@ def monte_carlo_levels(spec: Verification) -> dict:
     }
 
 
-def real_levels(spec: Verification, target, draft, prompts, n_tokens: int,
+def real_levels(spec: Verification, target, draft, prompts, n_tokens: int, seeds: Sequence[int],
                 speculate: eq.Speculate = generate, draft_law: eq.LogProbs | None = None
                 ) -> tuple[dict, Callable]:
-    """Both level-3 tests by check name, and the (method, seed) -> tokens sampler they share."""
+    """Both level-3 tests by check name, and the (method, seed) -> tokens sampler they share;
+    every method's sample at `seeds` drawn up front, in as many processes as torch has CPU
+    threads (`equivalence.in_processes`)."""
     levels = eq.real_model_levels(target, draft, prompts, n_tokens, spec.k, spec.real.budget,
                                   spec.real.top, speculate, draft_law)
+    levels["prefetch"]([(m, s) for s in seeds for m in eq.METHODS], torch.get_num_threads())
     return ({"two-sample chi-square": levels["chi2"], "log-ratio t-test": levels["log_ratio"]},
             levels["tokens"])
 
 
+def power_seeds(spec: Verification) -> range:
+    return range(1, spec.seeds + 1)
+
+
 def power_rows(levels: dict, spec: Verification, level: int, n: int, pair: str = ""
                ) -> tuple[list, list]:
-    seeds = range(1, spec.seeds + 1)
+    seeds = power_seeds(spec)
     power, pvalues = [], []
     grid = list(itertools.product(levels.items(), eq.SAMPLERS))
     for (check, fn), sampler in tqdm(grid, desc=f"power, level {level} {pair}".rstrip()):
@@ -157,7 +164,8 @@ def level_three(spec: Verification, pair_name: str, target, draft, prompts, gree
     full-size samples themselves (so any test can be recomputed from the report).
     `speculate` and `draft_law` (the log-ratio test's q): `real_model_levels`'."""
     real = spec.real
-    full, samples = real_levels(spec, target, draft, prompts, real.tokens, speculate, draft_law)
+    full, samples = real_levels(spec, target, draft, prompts, real.tokens, [0], speculate,
+                                draft_law)
     results, tokens = [], []
     for sampler in eq.SAMPLERS:
         chi = full["two-sample chi-square"](sampler, 0)
@@ -169,7 +177,8 @@ def level_three(spec: Verification, pair_name: str, target, draft, prompts, gree
         results.append(row(3, "log-ratio t-test", sampler, lr["t"], real.tokens, spec.alpha,
                            lr["p_value"], None, pair_name))
     greedy = eq.greedy_agreement(target, draft, greedy_prompts, real.budget, spec.k, speculate)
-    small, _ = real_levels(spec, target, draft, prompts, real.power_tokens, speculate, draft_law)
+    small, _ = real_levels(spec, target, draft, prompts, real.power_tokens, power_seeds(spec),
+                           speculate, draft_law)
     power, pvalues = power_rows(small, spec, 3, real.power_tokens, pair_name)
     margins = [d["margin"] for d in greedy["divergences"]]
     return {"results": results, "power": power, "pvalues": pvalues, "tokens": tokens,

@@ -179,13 +179,18 @@ def job_threads(wildcards):
     return workflow.cores if "cpu" in job_devices(wildcards) else 1
 
 
-# A measuring job's resources: a unit of each device it runs on (`bench_cpu` keeps two CPU
-# benchmarks apart) and the GPU model a CUDA job asks a cluster for.
-MEASURING_RESOURCES = dict(
-    bench_cpu=uses("cpu"),
+# A device job's resources: a unit of each accelerator it runs on and the GPU model a CUDA job
+# asks a cluster for. A job that times nothing (verification) holds these alone.
+DEVICE_RESOURCES = dict(
     gpu=uses("cuda"),
     gpu_model=job_gpu_model,
     mps=uses("mps"),
+)
+# A measuring job's resources: those, and `bench_cpu` on the CPU, which keeps two CPU
+# benchmarks apart.
+MEASURING_RESOURCES = dict(
+    bench_cpu=uses("cpu"),
+    **DEVICE_RESOURCES,
 )
 
 

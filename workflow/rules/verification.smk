@@ -40,6 +40,8 @@ rule verify_monte_carlo:
         "decodelab verify --level monte-carlo --spec {params.spec} --out {output} 2> {log}"
 
 
+# Level 3 times nothing, so it does not hold `bench_cpu`; on the CPU its threads become
+# processes that draw its samples side by side (decodelab/equivalence.py: in_processes).
 rule verify_real:
     input:
         target=lambda wc: f"results/models/{PAIRS[wc.pair].target}",
@@ -58,7 +60,7 @@ rule verify_real:
         job_container
     threads: job_threads
     resources:
-        **MEASURING_RESOURCES,
+        **DEVICE_RESOURCES,
     params:
         spec=as_arg(VERIFY.job_spec()),
         pair=lambda wc: as_arg(PAIRS[wc.pair].job_spec()),
@@ -89,7 +91,7 @@ rule verify_long:
         job_container
     threads: job_threads
     resources:
-        **MEASURING_RESOURCES,
+        **DEVICE_RESOURCES,
     params:
         spec=as_arg(VERIFY.job_spec()),
         long=lambda wc: as_arg(LONG.verification_spec()),
