@@ -665,8 +665,10 @@ def real_model_levels(target, draft, prompts: Sequence[Sequence[int]], n_tokens:
 
     def prefetch(keys: Sequence[tuple[str, int]], workers: int) -> None:
         todo = [key for key in dict.fromkeys(keys) if key not in log_ratios]
-        on_cpu = device_of(target).type == device_of(draft).type == "cpu"
-        for key, (toks, r) in zip(todo, in_processes(both, todo, workers if on_cpu else 1),
+        # PyTorch models on the CPU only: a llama.cpp engine's threads do not survive a fork
+        forkable = all(isinstance(m, torch.nn.Module) and device_of(m).type == "cpu"
+                       for m in (target, draft))
+        for key, (toks, r) in zip(todo, in_processes(both, todo, workers if forkable else 1),
                                   strict=True):
             samples[key], log_ratios[key] = toks, r
 
