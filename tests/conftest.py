@@ -106,22 +106,31 @@ def oracle_model(model):
     return oracle
 
 
-@pytest.fixture(scope="module")
-def copier():
-    """A 2-layer Llama trained in seconds to copy from PERIOD tokens back."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model = tiny_llama(seed=0, vocab=COPY_VOCAB).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for step in range(120):
-        x = planted_copies(8, PERIOD, seed=step)
-        logits = model(input_ids=x[:, :-1], use_cache=False).logits[:, PERIOD:]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, PERIOD + 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    torch.set_num_threads(threads)
-    return model.eval(), loss.item()
+@pytest.fixture(scope="session")
+def copier(tmp_path_factory):
+    """A 2-layer Llama trained in seconds to copy from PERIOD tokens back, trained once for all
+    xdist workers: (model, its last training loss)."""
+    def train() -> dict:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        model = tiny_llama(seed=0, vocab=COPY_VOCAB).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for step in range(120):
+            x = planted_copies(8, PERIOD, seed=step)
+            logits = model(input_ids=x[:, :-1], use_cache=False).logits[:, PERIOD:]
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                     x[:, PERIOD + 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        torch.set_num_threads(threads)
+        weights = tmp_path_factory.mktemp("copier") / "copier.pt"
+        torch.save(model.state_dict(), weights)
+        return {"weights": str(weights), "loss": loss.item()}
+    trained = build_once("copier", tmp_path_factory, train)
+    model = tiny_llama(seed=0, vocab=COPY_VOCAB)
+    model.load_state_dict(torch.load(trained["weights"]))
+    return model.eval(), trained["loss"]
 
 
 @pytest.fixture(scope="session")
