@@ -12,6 +12,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 import torch
+
+# One torch thread in each pytest-xdist worker: two workers already share the two cores, and the
+# tests' tiny models gain nothing from a second thread but contention. test_batched,
+# test_equivalence and test_figures_paper took 220 s of CPU with torch's default (2 threads) and
+# 75 s with one, on 2 cores with other work. A serial run (the planted-load pass) keeps the
+# default; subprocesses (verbs, Snakemake jobs) keep theirs.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    torch.set_num_threads(1)
+
 from dag import copy_workflow, e2e_configfile, snakemake
 from llama import COPY_VOCAB, PERIOD, planted_copies, tiny_llama
 from once import build_once
