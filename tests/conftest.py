@@ -57,27 +57,41 @@ def reads_the_default_dag(item: pytest.Item) -> bool:
     return "default_dag" in getattr(item, "fixturenames", ())
 
 
+# The files that took longest in `make test-fast` (20-50 s each of its 4-5 minutes on 2 shared
+# cores), longest first: given out first, so that no long file starts while the other worker is
+# running out of work.
+LONGEST_FILES = ("test_figures_paper.py", "test_hostile_models.py", "test_hub.py",
+                 "test_workflow.py", "test_batched.py", "test_equivalence.py", "test_verify.py",
+                 "test_longstudy.py")
+
+
+def length_rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `latex` every test that compiles the paper, so `-m "not latex"` leaves it out.
     The default DAG is the longest build of a full run. The file of the first test that reads
     it goes first, its readers first; the other files that read it go last, their readers
-    last. Under `--dist loadfile --no-loadscope-reorder` (the Makefile) one worker starts the
-    DAG at once and waits on it while the other runs every other file."""
+    last; the rest in between, LONGEST_FILES first. Under `--dist loadfile
+    --no-loadscope-reorder` (the Makefile) one worker starts the DAG at once and waits on it
+    while the other runs every other file, and a worker takes a file when it runs out."""
     for item in items:
         if compiles_latex(item):
             item.add_marker(pytest.mark.latex)
     readers = [item for item in items if reads_the_default_dag(item)]
-    if readers:
-        first, files = readers[0].path, {item.path for item in readers}
+    first = readers[0].path if readers else None
+    files = {item.path for item in readers}
 
-        def rank(item: pytest.Item) -> tuple[int, bool]:
-            reads = reads_the_default_dag(item)
-            if item.path == first:
-                return 0, not reads
-            return (2, reads) if item.path in files else (1, False)
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        reads = reads_the_default_dag(item)
+        if item.path == first:
+            return 0, not reads
+        return (2, reads) if item.path in files else (1, length_rank(item))
 
-        items.sort(key=rank)
+    items.sort(key=rank)
 
 
 TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128,
