@@ -12,6 +12,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 import torch
+
+# One torch thread in each pytest-xdist worker: two workers already share the two cores, and the
+# tests' tiny models gain nothing from a second thread but contention. test_batched,
+# test_equivalence and test_figures_paper took 220 s of CPU with torch's default (2 threads) and
+# 75 s with one, on 2 cores with other work. A serial run (the planted-load pass) keeps the
+# default; subprocesses (verbs, Snakemake jobs) keep theirs.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    torch.set_num_threads(1)
+
 from dag import copy_workflow, e2e_configfile, snakemake
 from llama import COPY_VOCAB, PERIOD, planted_copies, tiny_llama
 from once import build_once
@@ -48,27 +57,41 @@ def reads_the_default_dag(item: pytest.Item) -> bool:
     return "default_dag" in getattr(item, "fixturenames", ())
 
 
+# The files that took longest in `make test-fast` (20-50 s each of its 4-5 minutes on 2 shared
+# cores), longest first: given out first, so that no long file starts while the other worker is
+# running out of work.
+LONGEST_FILES = ("test_figures_paper.py", "test_hostile_models.py", "test_hub.py",
+                 "test_workflow.py", "test_batched.py", "test_equivalence.py", "test_verify.py",
+                 "test_longstudy.py")
+
+
+def length_rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `latex` every test that compiles the paper, so `-m "not latex"` leaves it out.
     The default DAG is the longest build of a full run. The file of the first test that reads
     it goes first, its readers first; the other files that read it go last, their readers
-    last. Under `--dist loadfile --no-loadscope-reorder` (the Makefile) one worker starts the
-    DAG at once and waits on it while the other runs every other file."""
+    last; the rest in between, LONGEST_FILES first. Under `--dist loadfile
+    --no-loadscope-reorder` (the Makefile) one worker starts the DAG at once and waits on it
+    while the other runs every other file, and a worker takes a file when it runs out."""
     for item in items:
         if compiles_latex(item):
             item.add_marker(pytest.mark.latex)
     readers = [item for item in items if reads_the_default_dag(item)]
-    if readers:
-        first, files = readers[0].path, {item.path for item in readers}
+    first = readers[0].path if readers else None
+    files = {item.path for item in readers}
 
-        def rank(item: pytest.Item) -> tuple[int, bool]:
-            reads = reads_the_default_dag(item)
-            if item.path == first:
-                return 0, not reads
-            return (2, reads) if item.path in files else (1, False)
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        reads = reads_the_default_dag(item)
+        if item.path == first:
+            return 0, not reads
+        return (2, reads) if item.path in files else (1, length_rank(item))
 
-        items.sort(key=rank)
+    items.sort(key=rank)
 
 
 TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 128,
@@ -106,22 +129,31 @@ def oracle_model(model):
     return oracle
 
 
-@pytest.fixture(scope="module")
-def copier():
-    """A 2-layer Llama trained in seconds to copy from PERIOD tokens back."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model = tiny_llama(seed=0, vocab=COPY_VOCAB).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for step in range(120):
-        x = planted_copies(8, PERIOD, seed=step)
-        logits = model(input_ids=x[:, :-1], use_cache=False).logits[:, PERIOD:]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, PERIOD + 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    torch.set_num_threads(threads)
-    return model.eval(), loss.item()
+@pytest.fixture(scope="session")
+def copier(tmp_path_factory):
+    """A 2-layer Llama trained in seconds to copy from PERIOD tokens back, trained once for all
+    xdist workers: (model, its last training loss)."""
+    def train() -> dict:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        model = tiny_llama(seed=0, vocab=COPY_VOCAB).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for step in range(120):
+            x = planted_copies(8, PERIOD, seed=step)
+            logits = model(input_ids=x[:, :-1], use_cache=False).logits[:, PERIOD:]
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                     x[:, PERIOD + 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        torch.set_num_threads(threads)
+        weights = tmp_path_factory.mktemp("copier") / "copier.pt"
+        torch.save(model.state_dict(), weights)
+        return {"weights": str(weights), "loss": loss.item()}
+    trained = build_once("copier", tmp_path_factory, train)
+    model = tiny_llama(seed=0, vocab=COPY_VOCAB)
+    model.load_state_dict(torch.load(trained["weights"]))
+    return model.eval(), trained["loss"]
 
 
 @pytest.fixture(scope="session")

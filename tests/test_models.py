@@ -209,25 +209,44 @@ def test_local_materialises_a_loadable_copy(tmp_path, tiny_dir):
 # hf source, offline, through the real huggingface_hub
 
 
-@pytest.fixture
-def hub_cache(tmp_path, tiny_dir):
-    """A hub cache holding `org/tiny-gpt2` at COMMIT, made from the init-source model."""
-    cache = tmp_path / "hub"
+OFFLINE_JOBS = {  # case -> (repo, revision), all prepared in one offline interpreter
+    "by_commit": ("org/tiny-gpt2", COMMIT),
+    "by_branch": ("org/tiny-gpt2", "main"),
+    "missing_revision": ("org/tiny-gpt2", OTHER_COMMIT),
+    "missing_repo": ("org/absent", "main"),
+    "pickled": ("org/pickled", COMMIT),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_offline(tmp_path_factory, tiny_dir):
+    """A hub cache holding `org/tiny-gpt2` at COMMIT (the init-source model) and `org/pickled`
+    (its weights as pytorch_model.bin only), and every OFFLINE_JOBS case prepared from it, offline,
+    in one fresh interpreter: case -> (result, out dir)."""
+    root = tmp_path_factory.mktemp("hf-offline")
+    cache = root / "hub"
     files = {
         p.name: p for p in tiny_dir.iterdir() if p.is_file() and p.name != models.MANIFEST
     }
     assert {"config.json", "model.safetensors"} <= set(files)
     build_hub_cache(cache, "org/tiny-gpt2", COMMIT, files)
-    return cache.resolve()
+    state = {k: v.clone() for k, v in weights(tiny_dir).items()}
+    torch.save(state, root / "pytorch_model.bin")
+    build_hub_cache(cache, "org/pickled", COMMIT, {
+        "config.json": tiny_dir / "config.json",
+        "pytorch_model.bin": root / "pytorch_model.bin",
+    })
+    outs = {case: root / "out" / case for case in OFFLINE_JOBS}
+    results = prepare_hf_offline(root, cache.resolve(), [
+        ({"source": "hf", "repo": repo, "revision": revision}, outs[case])
+        for case, (repo, revision) in OFFLINE_JOBS.items()])
+    return {case: (result, outs[case]) for case, result in zip(OFFLINE_JOBS, results, strict=True)}
 
 
-def test_hf_offline_from_cache_by_commit_and_by_branch(tmp_path, hub_cache, tiny_dir):
-    by_commit, by_branch = tmp_path / "by_commit", tmp_path / "by_branch"
-    results = prepare_hf_offline(tmp_path, hub_cache, [
-        ({"source": "hf", "repo": "org/tiny-gpt2", "revision": COMMIT}, by_commit),
-        ({"source": "hf", "repo": "org/tiny-gpt2", "revision": "main"}, by_branch),
-    ])
-    assert results == [{"ok": True}, {"ok": True}]
+def test_hf_offline_from_cache_by_commit_and_by_branch(hf_offline, tiny_dir):
+    (by_commit_result, by_commit), (by_branch_result, by_branch) = (
+        hf_offline["by_commit"], hf_offline["by_branch"])
+    assert [by_commit_result, by_branch_result] == [{"ok": True}, {"ok": True}]
     for out in (by_commit, by_branch):
         assert not (out / "model.safetensors").is_symlink()
         assert same_weights(weights(out), weights(tiny_dir))
@@ -241,12 +260,10 @@ def test_hf_offline_from_cache_by_commit_and_by_branch(tmp_path, hub_cache, tiny
     assert same_weights(loaded, original)
 
 
-def test_hf_offline_missing_revision_or_repo_points_to_init_and_local(tmp_path, hub_cache):
-    results = prepare_hf_offline(tmp_path, hub_cache, [
-        ({"source": "hf", "repo": "org/tiny-gpt2", "revision": OTHER_COMMIT}, tmp_path / "a"),
-        ({"source": "hf", "repo": "org/absent", "revision": "main"}, tmp_path / "b"),
-    ])
-    for result, missing in zip(results, ["tiny-gpt2@" + OTHER_COMMIT, "absent@main"], strict=True):
+def test_hf_offline_missing_revision_or_repo_points_to_init_and_local(hf_offline):
+    for case, missing in [("missing_revision", "tiny-gpt2@" + OTHER_COMMIT),
+                          ("missing_repo", "absent@main")]:
+        result, out = hf_offline[case]
         assert result["ok"] is False
         message = result["message"]
         assert missing in message
@@ -254,23 +271,13 @@ def test_hf_offline_missing_revision_or_repo_points_to_init_and_local(tmp_path, 
         assert "source: local" in message
         assert not result["chained"], "the hub's exception should not be chained"
         assert result["traceback_lines"] < 10
-    for name in ("a", "b"):
-        assert not (tmp_path / name).exists()
-        assert not sources.partial_dir(tmp_path / name).exists()
+        assert not out.exists()
+        assert not sources.partial_dir(out).exists()
 
 
-def test_hf_snapshot_without_safetensors_is_refused(tmp_path, tiny_dir):
-    cache = tmp_path / "hub"
-    state = {k: v.clone() for k, v in weights(tiny_dir).items()}
-    torch.save(state, tmp_path / "pytorch_model.bin")
-    build_hub_cache(cache, "org/pickled", COMMIT, {
-        "config.json": tiny_dir / "config.json",
-        "pytorch_model.bin": tmp_path / "pytorch_model.bin",
-    })
-    [result] = prepare_hf_offline(tmp_path, cache.resolve(), [
-        ({"source": "hf", "repo": "org/pickled", "revision": COMMIT}, tmp_path / "m"),
-    ])
+def test_hf_snapshot_without_safetensors_is_refused(hf_offline):
+    result, out = hf_offline["pickled"]
     assert result["ok"] is False
     assert "safetensors" in result["message"]
-    assert not (tmp_path / "m").exists()
-    assert not sources.partial_dir(tmp_path / "m").exists()
+    assert not out.exists()
+    assert not sources.partial_dir(out).exists()

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
 
 from decodelab import models, sources
 from decodelab.config import Sampling
@@ -30,20 +30,41 @@ def prompt(n=10, seed=0):
     return torch.randint(0, 8192, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+    """A GPT-2 target and an OPT draft over a 4-token vocabulary, random and wide-spread enough
+    (init std 0.5) that the target's greedy tokens vary and the draft agrees with some: both
+    acceptance and rollback are exercised, in under a second for every K."""
+    root = tmp_path_factory.mktemp("small-pair")
+    torch.manual_seed(1)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=4, initializer_range=0.5,
+                               bos_token_id=0, eos_token_id=0)).save_pretrained(root / "target")
+    torch.manual_seed(2)
+    OPTForCausalLM(OPTConfig(num_hidden_layers=1, hidden_size=32, ffn_dim=64, num_attention_heads=2,
+                             word_embed_proj_dim=32, vocab_size=4, init_std=0.5, bos_token_id=0,
+                             eos_token_id=0, pad_token_id=1)).save_pretrained(root / "draft")
+    return root / "target", root / "draft"
+
+
 @pytest.mark.parametrize("target_dev,draft_dev", DEVICE_PAIRS)
-def test_greedy_speculative_equals_target_greedy(dirs, target_dev, draft_dev):
+def test_greedy_speculative_equals_target_greedy(small_pair, target_dev, draft_dev):
     missing = {target_dev, draft_dev} - set(available_backends())
     if missing:
         pytest.skip(f"backend(s) {sorted(missing)} not available on this host")
-    target = models.load(dirs[0], target_dev)
-    draft = models.load(dirs[1], draft_dev)
-    p = prompt()
+    target = models.load(small_pair[0], target_dev)
+    draft = models.load(small_pair[1], draft_dev)
+    p = torch.randint(0, 4, (10,), generator=torch.Generator().manual_seed(0)).tolist()
     want = decode(target, torch.tensor([p], device=target_dev), 40).tokens
+    assert len(set(want)) > 1  # not one token repeated: a draft cannot agree by default
+    accepted, rejected = 0, 0
     for k in range(1, 9):
         got = generate(target, draft, p, 40, k)
         assert got.tokens == want, f"K={k}"
         assert len(got.tokens) == 40
         assert sum(got.accepted) + got.target_calls == 40
+        accepted += sum(got.accepted)
+        rejected += got.proposed - sum(got.accepted)
+    assert accepted > 0 and rejected > 0  # both paths of the loop ran
 
 
 def test_a_draft_equal_to_the_target_is_always_accepted(dirs):

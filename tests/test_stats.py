@@ -59,3 +59,27 @@ def test_a_single_process_gives_a_zero_width_interval():
     r = runs(2.0, n_proc=1)
     table = stats.latency_table(r, CI, judged(r))
     assert (table["ci_low"] == table["ci_high"]).all()
+
+
+def per_resample_ci(statistic, samples, ci: Confidence) -> tuple[float, float]:
+    """The bootstrap as scipy gives it with one statistic call per resample."""
+    res = stats.st.bootstrap(samples, statistic, n_resamples=ci.bootstrap_resamples,
+                             confidence_level=ci.confidence, method="percentile",
+                             vectorized=False, paired=False, rng=np.random.default_rng(ci.seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def test_the_vectorized_bootstrap_gives_the_per_resample_interval_exactly():
+    rng = np.random.default_rng(3)
+    for trial in range(18):
+        off, on = (np.exp(rng.normal(0, 0.3, n)) for n in rng.integers(2, 12, 2))
+        if trial % 3 == 0:  # ties between resampled values
+            off, on = np.round(off, 1), np.round(on, 1)
+        for statistic, samples in ((stats.median_ratio, (off, on)), (np.median, (off,))):
+            assert statistic in stats.VECTORIZED
+            assert stats.bootstrap_ci(statistic, samples, CI) == \
+                per_resample_ci(statistic, samples, CI), (trial, statistic)
+    # the comparison can fail: another statistic on the same resamples gives another interval
+    off, on = np.exp(rng.normal(0, 0.3, 7)), np.exp(rng.normal(0, 0.3, 7))
+    assert stats.bootstrap_ci(stats.median_ratio, (off, on), CI) != \
+        per_resample_ci(lambda a, b: np.mean(a) / np.mean(b), (off, on), CI)

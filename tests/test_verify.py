@@ -88,6 +88,9 @@ def peaked_llama(seed):
     return model
 
 
+# 12k Llama forwards (about 12 s of CPU): fewer tokens would lose the log-ratio test's power
+# against the wrong rules (p < 1e-4 at 512). In `make test`, not `make test-fast`.
+@pytest.mark.slow
 def test_the_long_pair_keeps_the_target_law_and_rejects_both_wrong_rules(one_thread):
     # The target drafts for itself through a sink + window view of 5 of its 24+ cached tokens.
     model = peaked_llama(6)

@@ -50,9 +50,11 @@ def bootstrap_ci(statistic, samples: tuple[np.ndarray, ...], ci: Confidence
     point = statistic(*samples)
     if min(len(s) for s in samples) < 2 or all(np.ptp(s) == 0 for s in samples):
         return point, point
-    res = st.bootstrap(samples, statistic, n_resamples=ci.bootstrap_resamples,
-                       confidence_level=ci.confidence, method="percentile", vectorized=False,
-                       paired=False, rng=np.random.default_rng(ci.seed))
+    vectorized = VECTORIZED.get(statistic)
+    res = st.bootstrap(samples, vectorized or statistic, n_resamples=ci.bootstrap_resamples,
+                       confidence_level=ci.confidence, method="percentile",
+                       vectorized=vectorized is not None, paired=False,
+                       rng=np.random.default_rng(ci.seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -83,6 +85,15 @@ def latency_table(runs: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> 
 
 def median_ratio(off: np.ndarray, on: np.ndarray) -> float:
     return float(np.median(off) / np.median(on))
+
+
+def median_ratio_along(off: np.ndarray, on: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(off, axis=axis) / np.median(on, axis=axis)
+
+
+# Statistics the bootstrap computes over all its resamples at once: the same resamples and the
+# same values as one call per resample (tests/test_stats.py checks), about 20x less CPU.
+VECTORIZED = {np.median: np.median, median_ratio: median_ratio_along}
 
 
 def kv_speedup_table(runs: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> pd.DataFrame:
