@@ -94,9 +94,14 @@ def ratio_cell(r) -> str:
     return sig(r["ratio"])
 
 
+def ref_name(ref: str) -> str:
+    """A reference's name that may wrap after '/' (default-cpu/quantized) in its narrow column."""
+    return f"\\texttt{{{tex_escape(ref, breakable=True)}}}"
+
+
 def row_head(ref: str, r: pd.Series) -> list[str]:
     """Reference, quantity, configuration and n: the cells every compared row starts with."""
-    return [tt(ref), QUANTITY_LABELS.get(r["quantity"], tex_escape(r["quantity"])),
+    return [ref_name(ref), QUANTITY_LABELS.get(r["quantity"], tex_escape(r["quantity"])),
             tex_escape(r["subject"], breakable=True), str(int(r["n"]))]
 
 
@@ -114,7 +119,7 @@ def reference_rows(summary: pd.DataFrame) -> list:
         rest = g[g["status"] == "only local"]
         if len(rest):
             subjects = human_list(sorted({tex_escape(s) for s in rest["subject"]}))
-            rows.append([tt(ref), f"\\multicolumn{{6}}{{p{{0.78\\linewidth}}}}{{\\emph{{not "
+            rows.append([ref_name(ref), f"\\multicolumn{{6}}{{p{{0.78\\linewidth}}}}{{\\emph{{not "
                          f"comparable, only in this run:}} {subjects}}}"])
     return rows
 
@@ -132,7 +137,9 @@ def reference_cell(r) -> str:
 def reference_table(summary: pd.DataFrame) -> str:
     header = [r"Reference & Quantity & Configu\-ration & $n$ & This run & Reference & "
               r"This / reference \\"]
-    return long_tabular(r"@{}ll>{\raggedright\arraybackslash}Xrrrl@{}", header,
+    # a sub-study's name (default-cpu/quantized) wraps after its '/' rather than widen the table
+    return long_tabular(r"@{}>{\raggedright\arraybackslash}p{0.13\linewidth}l"
+                        r">{\raggedright\arraybackslash}Xrrrl@{}", header,
                         reference_rows(summary), "no reference run in results/reference/",
                         r"\caption{\RefTableCaption}\label{tab:reference}")
 
