@@ -336,12 +336,12 @@ def test_a_references_sub_study_is_a_reference_of_its_own(tmp_path):
     assert empty["ifLongRefReady"] == "false" and empty["LongRefSelfSentence"] == "--"
 
 
-def write_quantized(stats: Path) -> Path:
+def write_quantized(stats: Path, device: str = "cuda") -> Path:
     """A quantized study's tables: a batch-parallel CUDA backend (ratio 1.2 at every K) and a
     serial one (ratio K + 1), and one pair whose greedy run diverged once; plus a speculative
     speedup table, as the study's own spec-stats writes it, with an outsized speedup."""
     stats.mkdir(parents=True, exist_ok=True)
-    verify = [{"backend": f"llama.cpp-{q}-cuda", "quantization": q, "device": "cuda",
+    verify = [{"backend": f"llama.cpp-{q}-{device}", "quantization": q, "device": device,
                "model": "target", "context": 128, "k": k, "ratio": ratio, "ci_low": ratio * 0.9,
                "ci_high": ratio * 1.1, "n": 3, "extra_per_token": (ratio - 1) / k,
                "stable": k != 4, "unstable_reason": ""}
@@ -370,7 +370,10 @@ def test_a_quantized_cuda_reference_reaches_the_quantized_section_only(tmp_path)
     local = host_dir(tmp_path / "local")
     host_dir(tmp_path / "reference" / "cuda-h200", backends=("cuda",), pairs=("cuda-cuda",))
     write_quantized(tmp_path / "reference" / "cuda-h200" / "quantized" / "stats")
+    # a CPU reference of the study, named to sort first: the CUDA paragraph does not quote it
+    write_quantized(tmp_path / "reference" / "a-cpu" / "quantized" / "stats", device="cpu")
     refs = reference.reference_dirs(tmp_path / "reference")
+    assert list(refs)[0] == "a-cpu/quantized"
     table = reference.compare(local / "stats", refs)
     quantized = table[table["reference"] == "cuda-h200/quantized"]
     assert {"quant_verify_cost", "quant_speedup", "quant_min_margin"} <= set(quantized["quantity"])

@@ -548,21 +548,13 @@ def sequence_log_ratios(target, draft, prompts: Sequence[Sequence[int]], tokens:
 
 
 def welch(ra: np.ndarray, rb: np.ndarray) -> dict:
-    """Welch's t-test of two samples of per-sequence statistics."""
+    """Welch's t-test of two samples of per-sequence statistics: level 3's log-ratio test on
+    two `sample_tokens` outputs' `sequence_log_ratios`. Sequences, not tokens, are the
+    independent units, so it is calibrated; and a rule that leans towards the draft raises
+    log q, so it is powerful exactly against the errors speculative decoding can make."""
     res = stats.ttest_ind(ra, rb, equal_var=False)
     return {"t": float(res.statistic), "p_value": float(res.pvalue), "sequences": len(ra),
             "mean_a": float(ra.mean()), "mean_b": float(rb.mean())}
-
-
-def log_ratio_test(target, draft, prompts: Sequence[Sequence[int]], a: Sequence[int],
-                   b: Sequence[int], budget: int = 64, draft_law: LogProbs | None = None
-                   ) -> dict:
-    """Two samples of `sample_tokens` (same prompts and budget), compared through one statistic
-    per sequence, `sequence_log_ratios`, with Welch's t-test. Sequences, not tokens, are the
-    independent units, so it is calibrated; and a rule that leans towards the draft raises
-    log q, so it is powerful exactly against the errors speculative decoding can make."""
-    return welch(*(sequence_log_ratios(target, draft, prompts, x, budget, draft_law)
-                   for x in (a, b)))
 
 
 @torch.inference_mode()
@@ -640,10 +632,10 @@ def in_processes(fn: Callable, keys: list, workers: int) -> list:
 def real_model_levels(target, draft, prompts: Sequence[Sequence[int]], n_tokens: int, k: int,
                       budget: int = 64, top: int = 200, speculate: Speculate = generate,
                       draft_law: LogProbs | None = None) -> dict[str, Callable]:
-    """Level 3 at a seed, both tests: `two_sample_test` ("chi2") and `log_ratio_test`
-    ("log_ratio", its q from `draft_law` where given). Each (method, seed) sample of n_tokens
-    and its log ratios are computed once and shared, so the autoregressive sample of a seed
-    serves every rule and both tests. "prefetch"(keys, workers) computes many of them at once,
+    """Level 3 at a seed, both tests: `two_sample_test` ("chi2") and `welch` on the sequences'
+    log ratios ("log_ratio", its q from `draft_law` where given). Each (method, seed) sample of
+    n_tokens and its log ratios are computed once and shared, so the autoregressive sample of a
+    seed serves every rule and both tests. "prefetch"(keys, workers) computes many of them at once,
     in `workers` processes where both models are on the CPU (`in_processes`)."""
     samples: dict[tuple[str, int], tuple[int, ...]] = {}
     log_ratios: dict[tuple[str, int], np.ndarray] = {}

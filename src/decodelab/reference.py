@@ -326,6 +326,28 @@ def compare(local_stats: Path, references: dict[str, Path]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def measured(comparison: pd.DataFrame, columns: dict[str, str], keys: list[str],
+             reference: str | None = None) -> pd.DataFrame:
+    """What one reference measured of `columns`' quantities (quantity -> column name): one row
+    per configuration (`keys`), with reference and reference_device; `reference`'s rows, else
+    those of the first reference that has any. None: an empty frame with those columns."""
+    index = ["reference", "reference_device", *keys]
+    empty = pd.DataFrame(columns=[*index, *columns.values()])
+    comparison = comparison.reindex(columns=COLUMNS)  # a table from before some keys
+    rows = comparison[comparison["quantity"].isin(columns)
+                      & (comparison["status"] != "only local")]
+    if reference is None and len(rows):
+        reference = rows["reference"].iloc[0]
+    rows = rows[rows["reference"] == reference]
+    if not len(rows):
+        return empty
+    rows = rows.assign(**{k: rows[k].fillna("") for k in index
+                          if not pd.api.types.is_numeric_dtype(rows[k])})
+    wide = rows.pivot_table(index=index, columns="quantity", values="reference_value",
+                            aggfunc="first").reset_index()
+    return wide.rename(columns=columns).reindex(columns=empty.columns)
+
+
 def subject(row: pd.Series) -> str:
     """backend/model for a sweep row, pair[/mode][/sampler] for a speculative one."""
     def given(col: str) -> bool:  # a key read back from CSV is NaN where it was ""

@@ -173,25 +173,13 @@ def built(acceptance: pd.DataFrame, speedup: pd.DataFrame, memory: pd.DataFrame,
 # --- the committed CUDA reference of the study, from reference_comparison.csv ---------------
 
 def reference_rows(comparison: pd.DataFrame) -> pd.DataFrame:
-    """The long-context rows a CUDA reference measured: one row per configuration of the first
-    such reference, its quantities as the long tables' columns (speedup, ci_low, ci_high, alpha,
+    """The long-context rows the first CUDA reference of the study measured: one row per
+    configuration, its quantities as the long tables' columns (speedup, ci_low, ci_high, alpha,
     alpha_low, alpha_high), plus reference and reference_device."""
-    columns = {q: c for table in rf.LONG.values() for c, q in table.items()}
-    if not len(comparison):
-        return pd.DataFrame()
-    comparison = comparison.reindex(columns=rf.COLUMNS)  # a table from before the long keys
-    rows = comparison[comparison["quantity"].isin(columns) & (comparison["backend"] == "cuda")
-                      & (comparison["status"] != "only local")]
-    if not len(rows):
-        return pd.DataFrame()
-    rows = rows[rows["reference"] == rows["reference"].iloc[0]]
-    keys = ["reference", "reference_device", *rf.LONG_KEYS]
-    rows = rows.assign(**{k: rows[k].fillna("") for k in keys if rows[k].dtype == object})
-    wide = rows.pivot_table(index=keys, columns="quantity", values="reference_value",
-                            aggfunc="first").reset_index()
     names = {q: ("alpha_" + c.removeprefix("ci_") if q.startswith("long_alpha_") else c)
-             for q, c in columns.items()}
-    return wide.rename(columns=names)
+             for table in rf.LONG.values() for c, q in table.items()}
+    comparison = comparison.reindex(columns=rf.COLUMNS)
+    return rf.measured(comparison[comparison["backend"] == "cuda"], names, rf.LONG_KEYS)
 
 
 def as_acceptance(rows: pd.DataFrame) -> pd.DataFrame:
@@ -217,9 +205,6 @@ def reference_section(comparison: pd.DataFrame) -> Section:
     """LongRef*: what the first CUDA reference of the study measured, from the comparison."""
     rows = reference_rows(comparison)
     ran = bool(len(rows))
-    if not ran:
-        rows = pd.DataFrame(columns=["reference", "reference_device", *rf.LONG_KEYS, "speedup",
-                                     "ci_low", "ci_high", "alpha", "alpha_low", "alpha_high"])
     acceptance = as_acceptance(rows)
     macros = {
         "LongRefName": tt(rows["reference"].iloc[0]) if ran else NONE,

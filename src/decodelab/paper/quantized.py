@@ -39,14 +39,22 @@ def regime(extra_per_token: float) -> str:
     return "serial" if extra_per_token >= SERIAL else "partly serial"
 
 
+def unstable_rows(rows: pd.DataFrame) -> pd.Series:
+    """Rows judged unstable; none where the rows carry no verdict."""
+    if "stable" not in rows:
+        return pd.Series(False, index=rows.index)
+    return ~rows["stable"].astype(bool)
+
+
 def verify_summary(verify: pd.DataFrame) -> str:
     """Per backend and model: the ratio at K = 4, 8, 16 (those measured), an unstable one
     marked so."""
     parts = []
     for (backend, model), g in verify.groupby(["backend", "model"], sort=True):
         at = g[g["k"].isin(REPORTED_K)].sort_values("k")
-        values = ", ".join(f"{sig(r.ratio)}{'' if r.stable else ' (unstable)'} at $K={int(r.k)}$"
-                           for r in at.itertuples())
+        values = ", ".join(f"{sig(r.ratio)}{' (unstable)' if unstable else ''} at $K={int(r.k)}$"
+                           for r, unstable in zip(at.itertuples(), unstable_rows(at),
+                                                  strict=True))
         parts.append(f"{tt(backend)} ({tt(model)}): {values or NONE}")
     return human_list(parts, empty=NONE)
 
@@ -136,32 +144,19 @@ def built(verify: pd.DataFrame, spec: pd.DataFrame, peer: pd.DataFrame, settings
 
 # --- the committed CUDA reference of the study, from reference_comparison.csv ---------------
 
-def reference_rows(comparison: pd.DataFrame, table: str) -> pd.DataFrame:
-    """The first quantized CUDA reference's rows of one `rf.QUANTIZED` table, wide: its keys,
-    reference, reference_device and the table's own column names."""
+def reference_rows(comparison: pd.DataFrame, table: str, reference: str | None = None
+                   ) -> pd.DataFrame:
+    """A quantized reference's rows of one `rf.QUANTIZED` table, in the table's own columns:
+    `reference`'s, else the first reference's that has any (`rf.measured`)."""
     keys, columns = rf.QUANTIZED[table]
-    names = {quantity: column for column, quantity in columns.items()}
-    comparison = comparison.reindex(columns=rf.COLUMNS)
-    rows = comparison[comparison["quantity"].isin(names) & (comparison["status"] != "only local")]
-    quantized = comparison[comparison["quantity"].astype(str).str.startswith("quant_")
-                           & (comparison["status"] != "only local")]
-    if not len(quantized):
-        return pd.DataFrame(columns=["reference", "reference_device", *keys, *columns])
-    rows = rows[rows["reference"] == quantized["reference"].iloc[0]]
-    index = ["reference", "reference_device", *keys]
-    rows = rows.assign(**{k: rows[k].fillna("") for k in index if rows[k].dtype == object})
-    wide = rows.pivot_table(index=index, columns="quantity", values="reference_value",
-                            aggfunc="first").reset_index()
-    return wide.rename(columns=names).reindex(columns=[*index, *columns])
+    return rf.measured(comparison, {q: c for c, q in columns.items()}, keys, reference)
 
 
 def pytorch_rows(comparison: pd.DataFrame, reference: str) -> pd.DataFrame:
-    """PyTorch's verify cost measured beside llama.cpp's in the same reference."""
-    comparison = comparison.reindex(columns=rf.COLUMNS)
-    rows = comparison[(comparison["reference"] == reference)
-                      & (comparison["quantity"] == "parallelism")
-                      & (comparison["status"] != "only local")]
-    return rows.rename(columns={"reference_value": "ratio"}).assign(stable=True)
+    """PyTorch's verify cost measured beside llama.cpp's in the same reference (the comparison
+    carries no verdict for it)."""
+    return rf.measured(comparison, {"parallelism": "ratio"},
+                       ["backend", "model", "prompt_len", "k"], reference)
 
 
 def speedup_sentence(spec: pd.DataFrame) -> str:
@@ -176,10 +171,12 @@ def speedup_sentence(spec: pd.DataFrame) -> str:
 
 def reference_section(comparison: pd.DataFrame) -> Section:
     """QuantRef*: what the first CUDA reference of the study measured, from the comparison."""
-    verify = reference_rows(comparison, "quantized_verify_cost")
-    spec = reference_rows(comparison, "quantized_speculative")
+    comparison = comparison.reindex(columns=rf.COLUMNS)
+    on_cuda = comparison["backend"].fillna("").astype(str).str.endswith("-cuda")
+    verify = reference_rows(comparison[on_cuda], "quantized_verify_cost")
     ran = bool(len(verify))
     name = verify["reference"].iloc[0] if ran else ""
+    spec = reference_rows(comparison, "quantized_speculative", name)
     verify = verify.assign(stable=verify["stable"].astype(float) > 0,
                            extra_per_token=(verify["ratio"] - 1) / verify["k"])
     torch = pytorch_rows(comparison, name)
