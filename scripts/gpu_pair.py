@@ -158,9 +158,9 @@ def divergence(df: pd.DataFrame) -> pd.DataFrame:
 @torch.inference_mode()
 def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
               device: str = "cuda") -> list[dict]:
-    """Decode time per token of an init model, eager and graph, against parameter bytes over
-    the HBM bandwidth (the floor of a memory-bound step). Off CUDA (--smoke) the graph engine
-    runs uncaptured."""
+    """Decode time per token of an init model, eager, graph and compiled, against parameter
+    bytes over the HBM bandwidth (the floor of a memory-bound step). Off CUDA (--smoke) the
+    graph engine runs uncaptured, and nothing is compiled."""
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):
@@ -170,9 +170,16 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     floor = weight_bytes / BANDWIDTH
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), device=device)
     rows = []
-    graph = graphs.Engine(model, capture=device == "cuda", max_len=prompt.shape[1] + budget)
-    for name, engine in (("eager", model), ("graph", graph)):
-        decode(engine, prompt, 16)  # warm-up (and the graphs' capture)
+    engines = {"eager": lambda: model}
+    for name in ("graph", "compiled") if device == "cuda" else ("graph",):
+        engines[name] = lambda name=name: graphs.Engine(
+            model, capture=device == "cuda", max_len=prompt.shape[1] + budget,
+            compile=name == "compiled")
+    for name, make in engines.items():
+        engine = make()
+        start = time.perf_counter()
+        decode(engine, prompt, 16)  # warm-up (and the graphs' capture, the compilation)
+        log(f"{preset} {name}: warm-up {time.perf_counter() - start:.1f} s")
         for r in range(repeats):
             out = decode(engine, prompt, budget)
             step = float(pd.Series(out.step_s).median())
@@ -212,30 +219,43 @@ def main(argv=None) -> int:
     p.add_argument("--config", default="config/gpu.yaml")
     p.add_argument("--models", default="results/models", help="where the pair is trained")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, eager only")
+    p.add_argument("--parts", default="pair,bandwidth",
+                   help="what to run: pair (train and time the pair), bandwidth, or both")
     args = p.parse_args(argv)
     deadline, out, failed = Deadline(args.deadline), Path(args.out), []
     (out / "stats").mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.enable_cudnn_sdp(False)  # a new cuDNN plan per key length (#18 item 6)
     settings = load_settings(args.config)
-    dirs = train_pair(settings, out, Path(args.models), args.smoke)
-    pairs = {"cuda-cuda": 120} if args.smoke else {"cuda-cuda": 120, "cuda-cuda-graph": 60}
+    parts = set(args.parts.split(","))
+    if "pair" in parts:
+        time_pair(settings, out, Path(args.models), args.smoke, deadline, failed)
+    if "bandwidth" in parts:
+        time_floors(out, args.smoke, deadline, failed)
+    log(f"done, {deadline.left():.0f} s left" + (f"; FAILED: {', '.join(failed)}" * bool(failed)))
+    return 1 if failed else 0
+
+
+def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline,
+              failed: list[str]) -> None:
+    dirs = train_pair(settings, out, models, smoke)
+    pairs = {"cuda-cuda": 120} if smoke else {"cuda-cuda": 120, "cuda-cuda-graph": 60}
     frames = []
     for name, needs in pairs.items():
         if deadline.allows(f"study {name}", needs):
-            df = attempt(f"study {name}", failed, run_study, settings, dirs, out, name,
-                         args.smoke)
+            df = attempt(f"study {name}", failed, run_study, settings, dirs, out, name, smoke)
             if df is not None:
                 frames.append(df)
                 write_tables(frames, out)
+
+
+def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str]) -> None:
     rows = []
-    floors = [("gpt2-tiny", torch.float32, 16, "cpu", 10)] if args.smoke else [
-        ("gpt2-xl", torch.float16, 256, "cuda", 60), ("gpt2", torch.float16, 256, "cuda", 20)]
+    floors = [("gpt2-tiny", torch.float32, 16, "cpu", 10)] if smoke else [
+        ("gpt2-xl", torch.float16, 256, "cuda", 150), ("gpt2", torch.float16, 256, "cuda", 60)]
     for preset, dtype, budget, device, needs in floors:
         if deadline.allows(f"{preset} against the bandwidth floor", needs):
             rows += attempt(preset, failed, bandwidth, preset, dtype, budget, 3, device) or []
             pd.DataFrame(rows).to_csv(out / "stats/bandwidth.csv", index=False)
-    log(f"done, {deadline.left():.0f} s left" + (f"; FAILED: {', '.join(failed)}" * bool(failed)))
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # #18 on the H200 in one device call, without Snakemake: train config/gpu.yaml's 24x512 target
 # and 1x512 draft, time the speculative study (greedy and sampled, its K) eager and graph
-# against the fair baseline, gpt2-xl and gpt2 fp16 (init weights) eager and graph against the
+# against the fair baseline, gpt2-xl and gpt2 fp16 (init weights) eager, graph and compiled against the
 # bandwidth floor (scripts/gpu_pair.py), then the graph engine's tests on the GPU. One tarball
 # in $OUT holds results/reference/cuda-h200/graph-engine/.
-#   Usage: scripts/gpu_pair.sh [SECONDS (default 500)] [--smoke]
+#   Usage: scripts/gpu_pair.sh [SECONDS (default 500)] [--smoke|""] [PARTS (default pair,bandwidth)]
 # --smoke checks the logic on a CPU host: tiny models, eager only, the tarball in $OUT or /tmp.
+# The earlier runs kept in the reference's run-*/ folders stay; this run's folders are replaced.
 # The tests need pytest: on a host without it, carry `.whl` (its pytest, pluggy, iniconfig and
 # pygments wheels are installed into /tmp/site-pytest, nothing else is touched).
 set -uo pipefail
 deadline=$((SECONDS + ${1:-500}))
 smoke=${2:-}
+parts=${3:-pair,bandwidth}
 out=${OUT:-/tmp/gpu_pair_out}
 python=${PYTHON:-python3}
 ref=results/reference/cuda-h200/graph-engine
@@ -24,7 +26,7 @@ if ! $python -c "import jsonschema" 2>/dev/null && ls .whl/jsonschema-*.whl >/de
 fi
 left() { echo $((deadline - SECONDS - $1)); }
 
-rm -rf "$ref" && mkdir -p "$ref/logs" "$out"
+rm -rf "$ref"/{logs,models,raw,stats} && mkdir -p "$ref/logs" "$out"
 { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi 2>&1 | head -15
   $python -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
 transformers.__version__, 'cuda', torch.cuda.is_available())"; } >"$ref/logs/env.txt" 2>&1
@@ -32,7 +34,7 @@ cat "$ref/logs/env.txt"
 
 # The measurements, leaving 70 s for the tests and the tarball.
 timeout -s INT "$(left 60)" $python scripts/gpu_pair.py --deadline "$(left 70)" --out "$ref" \
-  --models "$models" $smoke 2>&1 | grep --line-buffered -v -E '[0-9]+%\|' | tee "$ref/logs/run.log"
+  --models "$models" --parts "$parts" $smoke 2>&1 | grep --line-buffered -v -E '[0-9]+%\|' | tee "$ref/logs/run.log"
 
 tests=$ref/logs/test_graphs.txt
 if ! $python -c "import pytest" 2>/dev/null && ls .whl/pytest-*.whl >/dev/null 2>&1; then

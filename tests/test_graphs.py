@@ -103,6 +103,8 @@ def test_engine_choice_names_the_key(pair):
         graphs.engine(target, "graph", "speculative.pairs.p.engine")
     with pytest.raises(DecodelabError, match="'sweep.engine'.*'jit' is not one of"):
         graphs.engine(target, "jit", "sweep.engine")
+    with pytest.raises(DecodelabError, match="'sweep.engine': engine 'compiled' needs a CUDA"):
+        graphs.engine(target, "compiled", "sweep.engine")
 
 
 @CUDA
@@ -114,6 +116,25 @@ def test_graph_autoregressive_equals_eager():
     assert decode(engine, ids, 60).tokens == eager
     assert decode(engine, ids, 60).tokens == eager  # replayed graphs, a new sequence
     assert set(engine.graphs) == {(len(PROMPT), 1), (1, 1)}
+
+
+@pytest.mark.slow  # Inductor compiles each shape once: about a minute on 2 cores
+def test_compiled_static_path_equals_eager(pair):
+    target, _ = pair
+    ids = torch.tensor([PROMPT])
+    engine = graphs.Engine(target, capture=False, compile=True)
+    assert decode(engine, ids, 30).tokens == decode(target, ids, 30).tokens
+
+
+@CUDA
+@pytest.mark.parametrize("k", [1, 4])
+def test_compiled_graph_speculative_equals_eager(k):
+    target, draft = tiny(2, 64, seed=0, device="cuda"), tiny(1, 32, seed=1, device="cuda")
+    eager = generate(target, draft, PROMPT, 64, k)
+    ours = generate(*(graphs.engine(m, "compiled", "test") for m in (target, draft)), PROMPT, 64, k)
+    assert ours.tokens == eager.tokens
+    assert ours.accepted == eager.accepted
+    assert min(eager.accepted) < k
 
 
 @CUDA

@@ -246,6 +246,9 @@ def test_a_pretrained_model_gets_heldout_text_through_its_own_tokenizer(pair, tm
     ({"distill": 0.5}, "distill"),
     ({"teacher": "target"}, "teacher"),
     ({"device": "tpu"}, "device"),
+    ({"dropout": 1.0}, "dropout"),
+    ({"dropout": 0.1, "arch": "llama"}, "dropout"),
+    ({"eval_every": 0}, "eval_every"),
 ])
 def test_bad_spec_names_the_key(tmp_path, change, key):
     spec = {k: v for k, v in (TINY | change).items() if v is not None}
@@ -258,6 +261,42 @@ def test_draft_vocab_must_match_the_teacher(pair, tmp_path):
     target, _ = pair
     with pytest.raises(DecodelabError, match="'vocab_size'"):
         sources.prepare(DRAFT | {"vocab_size": 512}, tmp_path / "d", teacher_dir=target)
+
+
+def test_a_held_out_curve_is_recorded_every_eval_every_steps(tmp_path):
+    sources.prepare(TINY | {"eval_every": 15, "dropout": 0.1}, tmp_path / "m")
+    info = models.read_manifest(tmp_path / "m")
+    assert [step for step, _ in info["heldout_curve"]] == [15, 30]
+    assert info["heldout_curve"][0][1] > info["heldout_curve"][1][1]  # still learning
+    config = AutoModelForCausalLM.from_pretrained(tmp_path / "m").config
+    assert config.resid_pdrop == config.embd_pdrop == config.attn_pdrop == 0.1
+
+
+def test_a_draft_started_from_its_teacher_is_its_early_exit(pair, tmp_path):
+    """`init: teacher` copies every shared weight: a draft of the teacher's own shape, barely
+    trained, agrees with it everywhere; the random start of the same spec does not."""
+    target, _ = pair
+    twin = TINY | {"teacher": "target", "distill": 1.0, "steps": 1, "lr": 1e-12, "seed": 2}
+    sources.prepare(twin | {"init": "teacher"}, tmp_path / "copy", teacher_dir=target)
+    sources.prepare(twin, tmp_path / "random", teacher_dir=target)
+    copy, random = (models.read_manifest(tmp_path / n) for n in ("copy", "random"))
+    teacher = models.load(target, "cpu", "float32")
+    assert copy["init"] == "teacher" and copy["init_copied"] == len(teacher.state_dict())
+    assert copy["greedy_agreement"] == 1.0 and copy["beta"] == pytest.approx(1.0)
+    assert random["init"] == "random" and random["greedy_agreement"] < 0.9
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"n_head": 4}, "n_head"),
+    ({"n_embd": 16}, "init"),
+    ({"teacher": None, "distill": None}, "init"),
+    ({"init": "target"}, "init"),
+])
+def test_a_teacher_start_that_cannot_fit_names_the_key(pair, tmp_path, change, key):
+    spec = {k: v for k, v in (DRAFT | {"init": "teacher"} | change).items() if v is not None}
+    with pytest.raises(DecodelabError, match=repr(key)):
+        sources.prepare(spec, tmp_path / "d", teacher_dir=pair[0] if "teacher" in spec else None)
+    assert not (tmp_path / "d").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")

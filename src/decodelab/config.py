@@ -1055,14 +1055,14 @@ def check_refresh_layer(b: Batched, layers: int | None) -> None:
 
 
 def check_engines(settings: Settings) -> None:
-    """The graph engine captures CUDA graphs: every device it runs on must be CUDA."""
+    """The graph engines capture CUDA graphs: every device they run on must be CUDA."""
     runs = [(f"speculative.pairs.{name}.engine", pair.engine, pair.devices)
             for name, pair in settings.speculative.pairs.items()]
     runs.append(("sweep.engine", settings.sweep.engine,
                  set(settings.sweep.backends or settings.backends)))
     for key, engine, devices in runs:
-        if engine == "graph" and devices != {"cuda"}:
-            raise DecodelabError(f"config '{key}': engine 'graph' needs CUDA devices only "
+        if engine not in (None, "eager") and devices != {"cuda"}:
+            raise DecodelabError(f"config '{key}': engine {engine!r} needs CUDA devices only "
                                  f"(here: {', '.join(sorted(devices))}); use 'eager'")
 
 

@@ -16,6 +16,11 @@ so neither they nor a rollback wait for the device.
 
 Without capture (`capture=False`, any device) the engine runs the same static-cache passes
 eagerly: what the CPU tests compare with the eager engine, token for token.
+
+`compiled` is the graph engine over `torch.compile`'s kernels (Inductor, one compilation per
+input shape, then captured like the rest): a graph still pays each small kernel's launch and tail
+on the GPU, and fusing a layer's elementwise work into few kernels is how gpt-fast nears the
+bandwidth floor.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from transformers import StaticCache
 from .decode import cache_kwarg
 from .errors import DecodelabError
 
-ENGINES = ("eager", "graph")
+ENGINES = ("eager", "graph", "compiled")
 
 
 class Slots:
@@ -51,7 +56,8 @@ class Engine:
     """`model` over one static cache of `max_len` tokens (default: its positions), replaying a
     CUDA graph per (input length, logits kept) once `capture` has recorded it."""
 
-    def __init__(self, model, capture: bool = True, max_len: int | None = None):
+    def __init__(self, model, capture: bool = True, max_len: int | None = None,
+                 compile: bool = False):
         if capture and model.device.type != "cuda":
             raise DecodelabError(f"CUDA graphs need a CUDA device; {model.name_or_path!r} is on "
                                  f"{model.device.type}")
@@ -67,6 +73,9 @@ class Engine:
         self.device = model.device
         self.dtype = model.dtype
         self.name_or_path = model.name_or_path
+        self.cache_kwarg = cache_kwarg(model)  # outside the compiled code: it inspects
+        self.compiled = compile
+        self.run = torch.compile(self.passes, dynamic=False) if compile else self.passes
 
     def parameters(self):
         return self.model.parameters()
@@ -99,21 +108,24 @@ class Engine:
         self.slots = Slots(self)
         return self.slots
 
-    def run(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+    def passes(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         return self.model(input_ids=ids, use_cache=True, logits_to_keep=keep,
-                          **{cache_kwarg(self.model): self.cache}).logits
+                          **{self.cache_kwarg: self.cache}).logits
 
     def captured(self, n: int, keep: int):
         """The graph for n input tokens (logits of the last `keep`; 0: all), captured on first
-        use at the current position after one warm-up pass whose writes are undone."""
+        use at the current position after warm-up passes whose writes are undone."""
         if (n, keep) not in self.graphs:
             ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self.run(ids, keep)
+                # Compiled code recompiles once the cache has been initialized by a first pass:
+                # every compilation must be done before capture (it syncs, which capture forbids).
+                for _ in range(1 + 2 * self.compiled):
+                    self.run(ids, keep)
+                    self.move_back(n)
             torch.cuda.current_stream().wait_stream(side)
-            self.move_back(n)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 logits = self.run(ids, keep)
@@ -147,14 +159,14 @@ class Engine:
 
 
 def engine(model, name: str, key: str, max_len: int | None = None):
-    """`model` as config `key` (eager or graph) runs it: itself, or a graph engine whose cache
-    holds `max_len` tokens (default: the model's positions)."""
+    """`model` as config `key` (eager, graph or compiled) runs it: itself, or a graph engine
+    whose cache holds `max_len` tokens (default: the model's positions)."""
     if name == "eager":
         return model
-    if name != "graph":
+    if name not in ENGINES:
         raise DecodelabError(f"config '{key}': engine {name!r} is not one of "
                              f"{', '.join(ENGINES)}")
     if model.device.type != "cuda":
-        raise DecodelabError(f"config '{key}': engine 'graph' needs a CUDA device "
+        raise DecodelabError(f"config '{key}': engine {name!r} needs a CUDA device "
                              f"(this model is on {model.device.type}); use 'eager'")
-    return Engine(model, max_len=max_len)
+    return Engine(model, max_len=max_len, compile=name == "compiled")

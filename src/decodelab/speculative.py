@@ -6,7 +6,8 @@ Draft and target may sit on different devices. Token ids cross between them; in 
 draft's K probability rows cross too, because the rejection rule compares p with q.
 
 One host sync per iteration: the accept count (and the tokens it keeps) must reach the host to
-extend the sequence and roll the caches back. Forward passes are timed without more (`Spans`),
+extend the sequence and roll the caches back. The host's token ids reach the devices at the
+start of an iteration, while they are idle anyway. Forward passes are timed without more (`Spans`),
 so the time outside them, the engine's own overhead, is measured, not guessed. `autoregressive`
 is the target alone in the same machinery: the speculative study's fair baseline.
 """
@@ -221,12 +222,14 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     start = now(t_dev)
     while len(seq) - len(prompt) < budget:
         k_now = min(k, budget - (len(seq) - len(prompt)) - 1)  # never emit past the budget
+        # Both copies from the host before the draft runs: a copy from pageable memory waits
+        # for the device, so the target's, made after the proposals, would stall the host there.
+        d_ids, t_ids = pending(seq, d_cache, d_dev), pending(seq, t_cache, t_dev)
         draft_tokens, draft_probs, draft_logits = propose(
-            draft, d_cache, pending(seq, d_cache, d_dev), k_now, s, draft_generator, spans)
+            draft, d_cache, d_ids, k_now, s, draft_generator, spans)
         draft_tokens = draft_tokens.to(t_dev)
-        n, nxt, target_logits = verify(target, t_cache, pending(seq, t_cache, t_dev),
-                                       draft_tokens, draft_probs, s, target_generator, accept,
-                                       spans)
+        n, nxt, target_logits = verify(target, t_cache, t_ids, draft_tokens, draft_probs, s,
+                                       target_generator, accept, spans)
         keep_ends(kept["target"], target_logits)
         keep_ends(kept["draft"], draft_logits)
         seq += draft_tokens[:n].tolist() + [nxt]  # ready: `accept` synchronized for n

@@ -46,11 +46,13 @@ REQUIRED = {
     "vocab_size": int, "corpus_mb": (int, float), "seq_len": int, "batch_size": int,
     "steps": int, "lr": (int, float), "seed": int,
 }
-OPTIONAL = {"teacher": str, "distill": (int, float), "device": str, "arch": str,
+OPTIONAL = {"teacher": str, "distill": (int, float), "init": str, "dropout": (int, float),
+            "eval_every": int, "device": str, "arch": str,
             # a drafter's sparse-cache objective: config.DraftObjective, budgetdraft.py
             "objective": str, "continuation": int, "budgets": list, "budget_weights": list,
             "sparse_weight": (int, float), "sparse_policy": str}
 ARCHS = ("gpt2", "llama")
+INITS = ("random", "teacher")
 
 Files = list[tuple[str, bytes]]  # (path relative to the stdlib, contents)
 
@@ -90,6 +92,16 @@ def validate(spec: dict, teacher_dir: Path | None) -> None:
         raise bad("distill", f"must be in [0, 1], not {spec['distill']}")
     if "distill" in spec and "teacher" not in spec:
         raise bad("distill", "needs a 'teacher' to distill from")
+    if not 0 <= spec.get("dropout", 0) < 1:
+        raise bad("dropout", f"must be in [0, 1), not {spec['dropout']}")
+    if "dropout" in spec and spec.get("arch", "gpt2") != "gpt2":
+        raise bad("dropout", "applies to arch gpt2 only")
+    if spec.get("eval_every", 1) < 1:
+        raise bad("eval_every", f"must be >= 1, not {spec['eval_every']}")
+    if spec.get("init", "random") not in INITS:
+        raise bad("init", f"must be one of {', '.join(INITS)}, not {spec['init']!r}")
+    if spec.get("init") == "teacher" and "teacher" not in spec:
+        raise bad("init", "'teacher' needs a 'teacher' to copy from")
     if spec.get("arch", "gpt2") not in ARCHS:
         raise bad("arch", f"must be one of {', '.join(ARCHS)}, not {spec['arch']!r}")
     if spec.get("device", "cpu") not in ("cpu", "cuda", "mps"):
@@ -199,11 +211,13 @@ def gpt2_config(spec: dict, tokenizer):
     from transformers import GPT2Config
 
     eot = tokenizer.convert_tokens_to_ids(EOT)
-    # No dropout: a few hundred steps are far from overfitting, and dropout only slows them.
+    # No dropout by default: a few hundred steps are far from overfitting, and dropout only
+    # slows them. A GPU target sees the 2M-token corpus many times over and needs it.
+    p = spec.get("dropout", 0.0)
     return GPT2Config(
         vocab_size=len(tokenizer), n_positions=spec["n_positions"], n_embd=spec["n_embd"],
         n_layer=spec["n_layer"], n_head=spec["n_head"], bos_token_id=eot, eos_token_id=eot,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        resid_pdrop=p, embd_pdrop=p, attn_pdrop=p,
     )
 
 
@@ -276,9 +290,12 @@ def objective(spec: dict) -> str:
 
 
 def train(model: torch.nn.Module, data: torch.Tensor, spec: dict,
-          teacher: torch.nn.Module | None = None, label: str = "train model") -> list[float]:
+          teacher: torch.nn.Module | None = None, label: str = "train model",
+          heldout: torch.Tensor | None = None, curve: list | None = None) -> list[float]:
     """AdamW on random windows; returns the loss of every step. A NaN/inf loss stops it (the
-    loss is read back every step anyway), naming `label` and the step."""
+    loss is read back every step anyway), naming `label` and the step. With `eval_every` in
+    the spec, (step, held-out loss) pairs of the `heldout` windows go into `curve`: where a
+    model starts to overfit."""
     gen = torch.Generator().manual_seed(spec["seed"])
     opt = optimizer(model, spec["lr"])
     distill = float(spec.get("distill", 0.0))
@@ -310,6 +327,10 @@ def train(model: torch.nn.Module, data: torch.Tensor, spec: dict,
                 f"{step + 1} of {spec['steps']}; nothing was saved. Lower 'lr' (now "
                 f"{spec['lr']:g})" + (", or check the teacher" if teacher is not None else ""))
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        if curve is not None and (step + 1) % spec.get("eval_every", spec["steps"] + 1) == 0:
+            model.eval()
+            curve.append((step + 1, heldout_loss(model, heldout)))
+            model.train()
     model.eval()
     return losses
 
@@ -359,6 +380,28 @@ def load_teacher(teacher_dir: Path, device: str) -> torch.nn.Module:
     return load(teacher_dir, device, "float32", role="teacher")
 
 
+def init_from_teacher(model: torch.nn.Module, teacher: torch.nn.Module) -> int:
+    """Start a shallow draft from its teacher's first layers (LayerSkip's early exit): every
+    weight whose name and shape the two share, so the embeddings, the output head, the final
+    norm and blocks 0..n_layer-1. A one-layer draft then begins as the target's early exit and
+    distillation only has to close that gap (#18: higher agreement at the same draft cost).
+    Returns how many tensors were copied."""
+    heads = (m.config.num_attention_heads for m in (model, teacher))
+    if len(set(heads)) > 1:
+        raise DecodelabError("train model spec: key 'init' is 'teacher', so 'n_head' must be "
+                             f"the teacher's ({teacher.config.num_attention_heads}): a copied "
+                             "block splits its attention into the teacher's heads")
+    theirs = teacher.state_dict()
+    mine = model.state_dict()
+    shared = {k: v for k, v in theirs.items() if k in mine and mine[k].shape == v.shape}
+    if not any("embed" in k or "wte" in k for k in shared):
+        raise DecodelabError("train model spec: key 'init' is 'teacher' but the teacher's "
+                             "embeddings do not fit this model (n_embd and vocab_size must "
+                             "match the teacher's)")
+    model.load_state_dict(shared, strict=False)
+    return len(shared)
+
+
 def training_device(spec: dict) -> str:
     device = spec.get("device", "cpu")
     if problem := backend_problem(device):
@@ -403,11 +446,13 @@ def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -
     arch = spec.get("arch", "gpt2")
     model = AutoModelForCausalLM.from_config(MODEL_CONFIGS[arch](spec, tokenizer),
                                              trust_remote_code=False).to(device)
+    copied = init_from_teacher(model, teacher) if spec.get("init") == "teacher" else 0
     train_start = time.perf_counter()
-    losses = train(model, data, spec, teacher, label)
+    windows = eval_windows(heldout, spec["n_positions"])
+    curve = []
+    losses = train(model, data, spec, teacher, label, windows, curve)
     train_seconds = time.perf_counter() - train_start
 
-    windows = eval_windows(heldout, spec["n_positions"])
     info = dict(
         source="train", spec=spec, family=arch, parameters=count_parameters(model),
         python=platform.python_version(), torch=torch.__version__,
@@ -416,9 +461,10 @@ def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -
                     bytes=sum(len(d) for _, d in files), train_files=len(train_texts),
                     heldout_files=len(held_texts), train_tokens=len(data),
                     heldout_tokens=len(heldout)),
-        objective=objective(spec), initial_train_loss=losses[0],
+        objective=objective(spec), init=spec.get("init", "random"), init_copied=copied,
+        initial_train_loss=losses[0],
         final_train_loss=sum(losses[-10:]) / len(losses[-10:]),
-        heldout_loss=heldout_loss(model, windows),
+        heldout_loss=heldout_loss(model, windows), heldout_curve=curve,
         heldout_sample=dict(windows=len(windows), tokens=int(windows[:, 1:].numel())),
         train_seconds=round(train_seconds, 2),
     )
