@@ -397,6 +397,36 @@ def test_a_quantized_cuda_reference_reaches_the_quantized_section_only(tmp_path)
     assert empty["ifQuantRefReady"] == "false" and empty["QuantRefSerialSentence"] == "--"
 
 
+def test_the_fastest_reference_shows_where_speculation_pays(tmp_path):
+    # A slow reference and a fast one (two pairs, as cuda-h200/graph-engine's eager and graph):
+    # the paper quotes the fast one's pairs at their best K with c, alpha and the theory's fit.
+    local = host_dir(tmp_path / "local")
+    host_dir(tmp_path / "reference" / "slow", backends=("cuda",), pairs=("cuda-cuda",))
+    fast = tmp_path / "reference" / "slow" / "fast" / "stats"
+    fast.mkdir(parents=True)
+    rows = [{"pair": pair, "mode": mode, "k": k, "alpha": 0.8, "cost_ratio": c,
+             "predicted": 3.0, "measured": speedup * k / 4}
+            for pair, c, speedup in (("gpu-eager", 0.11, 2.5), ("gpu-graph", 0.07, 3.0))
+            for mode in ("greedy", "sampled") for k in (2, 4)]
+    pd.DataFrame(rows).to_csv(fast / "speculative_theory.csv", index=False)
+    pd.DataFrame(rows).rename(columns={"measured": "speedup"}).assign(baseline="fair").to_csv(
+        fast / "speculative_speedup.csv", index=False)
+    pd.DataFrame([{"model": "draft", "source": "train", "parameters": 7_600_000},
+                  {"model": "target", "source": "train", "parameters": 80_100_000}]).to_csv(
+        fast / "models.csv", index=False)
+    table = reference.compare(local / "stats", reference.reference_dirs(tmp_path / "reference"))
+    table.to_csv(local / "stats" / "reference_comparison.csv", index=False)
+    m = generate(local / "stats", tmp_path / "gen")
+    assert m["ifSpecPaysReady"] == "true" and m["SpecPaysRef"] == r"\texttt{slow/fast}"
+    assert m["SpecPaysGreedy"] == r"3.00$\times$ (\texttt{gpu-graph})"
+    assert m["SpecPaysModels"] == r"\texttt{draft} 7.60M and \texttt{target} 80.1M parameters"
+    pays = (tmp_path / "gen" / "tab_spec_pays.tex").read_text()
+    assert r"\texttt{gpu-eager} & greedy & 2.50$\times$ & 0.110 & 0.800 & 0.833" in pays
+    assert "cuda-cuda" not in pays  # the slow reference's pair
+    empty = generate(host_dir(tmp_path / "bare") / "stats", tmp_path / "gen2")
+    assert empty["ifSpecPaysReady"] == "false" and empty["SpecPaysGreedy"] == "--"
+
+
 def test_comparison_without_references_is_empty(tmp_path):
     local = host_dir(tmp_path / "local")
     assert reference.reference_dirs(tmp_path / "absent") == {}

@@ -225,7 +225,7 @@ def test_each_section_defines_the_same_names_whether_its_stage_ran_or_not(stats,
     assert ready == {"SpeculativeReady": True, "VerificationReady": True,
                      "RegimeDepthReady": False, "BenchmarksReady": False,
                      "QuantizedReady": False, "QuantRefReady": False, "LongReady": False,
-                     "LongRefReady": False, "BatchedReady": False}
+                     "LongRefReady": False, "BatchedReady": False, "SpecPaysReady": False}
 
 
 def test_write_generated_all_files(stats, tmp_path):
@@ -236,7 +236,8 @@ def test_write_generated_all_files(stats, tmp_path):
                      "tab_spec_hf.tex", "tab_models.tex", "tab_verification.tex",
                      "tab_power.tex", "tab_hosts.tex", "tab_reference.tex",
                      "tab_benchmarks.tex", "tab_regime_depth.tex", "tab_quantized.tex",
-                     "tab_quantized_peer.tex", "tab_long.tex", "tab_batched.tex"}
+                     "tab_quantized_peer.tex", "tab_long.tex", "tab_batched.tex",
+                     "tab_spec_pays.tex"}
     for p in written:
         text = p.read_text()
         assert "nan" not in text.lower().replace("nonstopmode", ""), p.name

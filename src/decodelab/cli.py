@@ -700,7 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verdicts", required=True, help="stats/verdicts_speculative.csv")
     p.add_argument("--out", required=True, help="the stats directory")
     p.add_argument("--runs", nargs="+", required=True)
-    p.add_argument("--parallelism", nargs="+", required=True)
+    p.add_argument("--parallelism", nargs="*", default=[])
     p.set_defaults(func=speculative_stats)
 
     p = verbs.add_parser("stability", help="stable or not, per configuration and per job")

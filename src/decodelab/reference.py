@@ -10,7 +10,9 @@ Each side is reduced to key numbers, one row per quantity and configuration:
     max_ratio       the largest ratio to the local trend there
     step_ups        cache-on sweep runs that step up part-way through (`onsets`) per backend,
                     model, dtype
-    spec_speedup    best speculative speedup over K per pair and mode (each side at its own K)
+    spec_speedup    best speculative speedup over K per pair and mode (each side at its own K),
+                    with spec_c, spec_alpha and spec_fit (measured over Leviathan's prediction)
+                    there
     spec_selected   the best pair, mode and K chosen on half of the prompts and its speedup
                     estimated on the other half (`selection`), with spec_selected_low/_high,
                     its interval
@@ -84,7 +86,12 @@ QUANTITIES = {"decode_s": "median decode latency (s)", "kv_speedup": "KV-cache s
               "quant_agree": "greedy sequences equal to the quantized target's own",
               "quant_diverged": "greedy sequences that diverged",
               "quant_first_divergence": "earliest divergence (position)",
-              "quant_min_margin": "smallest top-2 logit margin there"}
+              "quant_min_margin": "smallest top-2 logit margin there",
+              "spec_c": "draft step over target step at the best K",
+              "spec_alpha": "per-token acceptance at the best K",
+              "spec_fit": "measured over predicted speedup at the best K"}
+# speculative_theory at a pair and mode's best K -> {its column: quantity}
+THEORY = {"cost_ratio": "spec_c", "alpha": "spec_alpha", "fit": "spec_fit"}
 SELECTED = {"estimate": "spec_selected", "ci_low": "spec_selected_low",
             "ci_high": "spec_selected_high"}
 NO_RATIO = {"chi2_p", "log_ratio_p"}
@@ -169,6 +176,7 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
         best = speedup.loc[speedup.groupby(["pair", "mode"])["speedup"].idxmax()]
         parts.append(frame(best[["pair", "mode", "speedup"]].assign(models=pair_models),
                            "spec_speedup", "speedup"))
+        parts += theory_at_best(read(stats_dir, "speculative_theory"), best, pair_models)
     parts += selected_spec(stats_dir)
     acceptance = read(stats_dir, "speculative_acceptance")
     if len(acceptance):
@@ -202,6 +210,17 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=[*KEYS, "value"])
     return pd.concat(parts, ignore_index=True)
+
+
+def theory_at_best(theory: pd.DataFrame, best: pd.DataFrame, models: str
+                   ) -> list[pd.DataFrame]:
+    """c, alpha and measured over predicted at each pair and mode's best K (`THEORY`)."""
+    if not len(theory):
+        return []
+    rows = best[["pair", "mode", "k"]].merge(theory, on=["pair", "mode", "k"])
+    rows = rows.assign(fit=rows["measured"] / rows["predicted"], models=models)
+    return [frame(rows[["pair", "mode", "models", column]], quantity, column)
+            for column, quantity in THEORY.items()]
 
 
 def long_numbers(stats_dir: Path, models: str) -> list[pd.DataFrame]:

@@ -278,6 +278,8 @@ def hf_table(proc: pd.DataFrame, runs: pd.DataFrame, ci: Confidence) -> pd.DataF
 def parallelism_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
     """Forward time on K+1 tokens over time on one token, per process, then across processes."""
     keys = ["backend", "model", "context"]
+    if not len(runs):  # a run without the parallelism study (scripts/gpu_pair.py)
+        return pd.DataFrame(columns=[*keys, "k", "ratio", "ci_low", "ci_high", "n"])
     per = runs.groupby([*keys, "repeat", "tokens"])["seconds"].median().reset_index()
     rows = []
     for key, group in per.groupby(keys):

@@ -20,6 +20,7 @@ from . import (
     latency,
     long,
     noise,
+    pays,
     quantized,
     regime_depth,
     settings,
@@ -29,7 +30,7 @@ from . import (
 from .section import Section
 from .tex import macros_tex
 
-SECTIONS = (settings, environment, noise, latency, speculative, quantized, long, batched,
+SECTIONS = (settings, environment, noise, latency, speculative, pays, quantized, long, batched,
             verification, regime_depth, artifact)
 
 
