@@ -139,11 +139,12 @@ def speculate(model, drafter, prompt: list[int], budget: int, k: int, policy: Po
     while len(seq) - len(prompt) < budget:
         k_now = min(k, budget - (len(seq) - len(prompt)) - 1)  # never emit past the budget
         view = draft.view(seq, policy, spans, device)
+        t_ids = pending(seq, cache, device)  # before the proposals: see speculative.generate
         draft_tokens, draft_probs, draft_logits = propose(
             TruePositions(draft.model, len(seq) - 1), view, torch.tensor(seq[-1:], device=device),
             k_now, s, draft_generator, spans)
-        n, nxt, target_logits = verify(model, cache, pending(seq, cache, device), draft_tokens,
-                                       draft_probs, s, target_generator, accept, spans)
+        n, nxt, target_logits = verify(model, cache, t_ids, draft_tokens, draft_probs, s,
+                                       target_generator, accept, spans)
         keep_ends(kept["target"], target_logits)
         keep_ends(kept["draft"], draft_logits)
         seq += draft_tokens[:n].tolist() + [nxt]

@@ -149,17 +149,21 @@ def pending(seq: list[int], cache: DynamicCache, device) -> torch.Tensor:
 
 
 def draw(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None
-         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token ([1], on the logits' device, no host sync) and the distribution it came from."""
+         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One token ([1], on the logits' device, no host sync) and the distribution it came from;
+    greedy: the argmax alone, a launch where building its one-hot distribution took five."""
+    if s.greedy:
+        return logits.argmax(-1, keepdim=True), None
     q = warp(logits, s.temperature, s.top_k, s.top_p)
-    return (q.argmax(-1, keepdim=True) if s.greedy else sample(q, generator).reshape(1)), q
+    return sample(q, generator).reshape(1), q
 
 
 def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
             generator: torch.Generator | None, spans: Spans | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """K draft tokens, the distributions they were drawn from ([K], [K, V]), and the draft's
-    logits for the first of them ([V]; None when K = 0)."""
+    """K draft tokens, the distributions they were drawn from ([K], [K, V]; None in greedy
+    mode, whose verification compares tokens), and the draft's logits for the first of them
+    ([V]; None when K = 0)."""
     if k == 0:
         vocab = draft.get_output_embeddings().out_features
         return (torch.empty(0, dtype=torch.long, device=ids.device),
@@ -173,11 +177,11 @@ def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
         probs.append(q)
         if i < k - 1:
             logits = spans.feed("draft", draft, cache, token, keep=1)[-1]
-    return torch.cat(tokens), torch.stack(probs), first
+    return torch.cat(tokens), None if s.greedy else torch.stack(probs), first
 
 
 def verify(target, cache: DynamicCache, ids: torch.Tensor, draft_tokens: torch.Tensor,
-           draft_probs: torch.Tensor, s: Sampling, generator: torch.Generator | None,
+           draft_probs: torch.Tensor | None, s: Sampling, generator: torch.Generator | None,
            accept=speculative_accept, spans: Spans | None = None
            ) -> tuple[int, int, torch.Tensor]:
     """(accepted draft tokens, the next token, the target's logits at the K+1 positions)."""
