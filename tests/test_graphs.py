@@ -2,6 +2,8 @@
 capture), and its CUDA graphs equal it too (GPU only: `PYTHONPATH=src python3 -m pytest
 tests/test_graphs.py` on a CUDA host)."""
 
+import shutil
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config
@@ -119,6 +121,7 @@ def test_graph_autoregressive_equals_eager():
 
 
 @pytest.mark.slow  # Inductor compiles each shape once: about a minute on 2 cores
+@pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor needs a C++ compiler on a CPU")
 def test_compiled_static_path_equals_eager(pair):
     target, _ = pair
     ids = torch.tensor([PROMPT])
