@@ -19,7 +19,7 @@ import pandas as pd
 from .. import reference as rf
 from .. import tables
 from .section import Section, placeholders, stage
-from .tex import NONE, sig, tabular, tex_escape, tt
+from .tex import NONE, human_list, sig, tabular, tex_escape, tt
 
 COLUMNS = {"spec_speedup": "speedup", "spec_c": "c", "spec_alpha": "alpha", "spec_fit": "fit"}
 
@@ -54,16 +54,14 @@ def best_sentence(rows: pd.DataFrame, mode: str) -> str:
 def models_sentence(models: str) -> str:
     """'draft:7609856,target:80114688' -> 'draft 7.61M and target 80.1M parameters'."""
     named = [m.rsplit(":", 1) for m in str(models).split(",") if ":" in m]
-    if not named:
-        return NONE
     sizes = [f"{tt(name)} {sig(float(n) / 1e6)}M" for name, n in named]
-    return " and ".join([", ".join(sizes[:-1]), sizes[-1]] if len(sizes) > 1 else sizes) \
-        + " parameters"
+    return human_list(sizes, empty=NONE) + " parameters" * bool(sizes)
 
 
-def built(rows: pd.DataFrame, models: str) -> Section:
+def built(rows: pd.DataFrame) -> Section:
     rows = rows.sort_values(["pair", "mode"])
     ran = bool(len(rows))
+    models = rows["models"].iloc[0] if ran else ""
     macros = {
         "SpecPaysRef": tt(rows["reference"].iloc[0]) if ran else NONE,
         "SpecPaysDevice": tex_escape(rows["reference_device"].iloc[0]) if ran else NONE,
@@ -76,5 +74,5 @@ def built(rows: pd.DataFrame, models: str) -> Section:
 
 def parts(stats_dir: Path, settings: dict) -> Section:
     rows = fastest_reference(tables.read(stats_dir, "reference_comparison"))
-    section = built(rows, rows["models"].iloc[0] if len(rows) else "")
+    section = built(rows)
     return stage("SpecPaysReady", bool(len(rows)), section if len(rows) else placeholders(section))
