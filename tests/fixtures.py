@@ -221,7 +221,9 @@ def spec_rows(pairs) -> dict[str, list[dict]]:
                                     **STABLE})
             rows["theory"].append({"pair": pair, "mode": mode, "k": k, "alpha": alpha,
                                    "cost_ratio": 0.2, "predicted": leviathan(alpha, k, 0.2),
-                                   "measured": speedup})
+                                   "measured": speedup, "verify_cost": 1.2,
+                                   "predicted_verify": leviathan(alpha, k, 0.2)
+                                   * (k * 0.2 + 1) / (k * 0.2 + 1.2)})
         draft, target = SPEC_PAIRS[pair]
         if draft == target:  # HF assisted generation runs only where both share a device
             for k in SPEC_KS:

@@ -11,7 +11,12 @@ from scipy import stats as st
 from .config import Confidence
 from .io import read_raw
 from .stability import Study, paired, with_verdicts
-from .theory import alpha_from_tokens_per_call, alpha_of_calls, expected_speedup
+from .theory import (
+    alpha_from_tokens_per_call,
+    alpha_of_calls,
+    expected_speedup,
+    expected_tokens_per_call,
+)
 
 GRID = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache", "budget"]
 # How each kind of raw file makes configurations for the stability verdicts.
@@ -165,7 +170,17 @@ def spec_per_process(runs: pd.DataFrame) -> pd.DataFrame:
     for column in ("step_s", "overhead_share"):
         if column in runs:
             out = out.merge(g.agg(**{column: (column, "median")}).reset_index(), on=keys)
+    if {"verify_s", "prefill_s"} <= set(runs):
+        passes = runs.assign(pass_s=target_pass_s(runs)).groupby(keys)["pass_s"].median()
+        out = out.merge(passes.reset_index(), on=keys)
     return out
+
+
+def target_pass_s(runs: pd.DataFrame) -> pd.Series:
+    """Time of one target pass after the prompt's, inside the forward pass: a verification of
+    K+1 tokens in a speculative run, one token in the baseline's."""
+    return (runs["verify_s"] - runs["prefill_s"]) / (runs["target_calls"] - 1).where(
+        runs["target_calls"] > 1)
 
 
 def acceptance_table(proc: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
@@ -218,15 +233,27 @@ def speedup_table(proc: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> 
 def theory_table(proc: pd.DataFrame, speedup: pd.DataFrame,
                  acceptance: pd.DataFrame) -> pd.DataFrame:
     """Leviathan et al.'s expected speedup from measured alpha and cost ratio c (draft step over
-    target step, both in the engine's loop), against the measured speedup over that loop."""
+    target step, both in the engine's loop), against the measured speedup over that loop.
+
+    Leviathan's formula prices a verification of K+1 tokens as one target step. `verify_cost`
+    is what it measured in the same runs (a verification pass over a baseline pass, forward
+    time alone), and `predicted_verify` the same formula with that price: where verification is
+    not free (a CPU), the gap between the two predictions is its cost, and what remains between
+    `predicted_verify` and `measured` is the draft's passes in the loop and the host."""
     steps = proc.groupby(["pair", "mode", "method"])["step_s"].median()
+    passes = (proc.groupby(["pair", "mode", "method", "k"])["pass_s"].median()
+              if "pass_s" in proc else pd.Series(dtype=float))
     rows = []
     for row in speedup.merge(acceptance, on=SPEC_KEYS, suffixes=("", "_acc")).itertuples():
         c = steps[(row.pair, row.mode, "draft_autoregressive")] / \
             steps[(row.pair, row.mode, BASELINE)]
+        v = (passes.get((row.pair, row.mode, "speculative", row.k), np.nan)
+             / passes.get((row.pair, row.mode, BASELINE, 0), np.nan))
         rows.append({"pair": row.pair, "mode": row.mode, "k": row.k, "alpha": row.alpha,
                      "cost_ratio": float(c), "predicted": expected_speedup(row.alpha, row.k, c),
-                     "measured": row.speedup})
+                     "measured": row.speedup, "verify_cost": float(v),
+                     "predicted_verify": expected_tokens_per_call(row.alpha, row.k)
+                     / (row.k * c + v)})
     return pd.DataFrame(rows)
 
 

@@ -188,18 +188,28 @@ def spec_pair_macros(t: dict[str, pd.DataFrame], settings: dict,
     return macros
 
 
+def theory_gap(theory: pd.DataFrame, predicted: str) -> pd.Series:
+    """Measured over a prediction column of the theory table, where both are finite."""
+    if not len(theory) or not {"measured", predicted} <= set(theory.columns):
+        return pd.Series(dtype=float)
+    ok = theory[np.isfinite(theory[predicted]) & (theory[predicted] > 0)]
+    return (ok["measured"] / ok[predicted]).dropna()
+
+
 def spec_result_macros(t: dict[str, pd.DataFrame], settings: dict) -> dict[str, str]:
     """Theory gap, verification parallelism per backend, and the HF assisted peer."""
     theory, parallelism, hf = t["theory"], t["parallelism"], t["hf"]
-    macros: dict[str, str] = {}
-    gap = pd.Series(dtype=float)
-    if len(theory) and {"measured", "predicted"} <= set(theory.columns):
-        ok = theory[np.isfinite(theory["predicted"]) & (theory["predicted"] > 0)]
-        gap = (ok["measured"] / ok["predicted"]).dropna()
-    macros.update({"SpecTheoryGap": sig(gap.median()) if len(gap) else NONE,
-                   "SpecTheoryGapMin": sig(gap.min()) if len(gap) else NONE,
-                   "SpecTheoryGapMax": sig(gap.max()) if len(gap) else NONE,
-                   "SpecTheoryPoints": str(len(gap))})
+    gap, priced = theory_gap(theory, "predicted"), theory_gap(theory, "predicted_verify")
+    cost = theory["verify_cost"].dropna() if "verify_cost" in theory else pd.Series(dtype=float)
+    macros = {"SpecTheoryGap": sig(gap.median()) if len(gap) else NONE,
+              "SpecTheoryGapMin": sig(gap.min()) if len(gap) else NONE,
+              "SpecTheoryGapMax": sig(gap.max()) if len(gap) else NONE,
+              "SpecTheoryPoints": str(len(gap)),
+              "SpecVerifyCostMin": sig(cost.min()) if len(cost) else NONE,
+              "SpecVerifyCostMax": sig(cost.max()) if len(cost) else NONE,
+              "SpecTheoryGapVerify": sig(priced.median()) if len(priced) else NONE,
+              "SpecTheoryGapVerifyMin": sig(priced.min()) if len(priced) else NONE,
+              "SpecTheoryGapVerifyMax": sig(priced.max()) if len(priced) else NONE}
 
     pair = best_pair(t["speedup"])
     target = requested_pairs(settings).get(pair, {}).get("target") if pair else None
