@@ -122,7 +122,7 @@ def test_the_long_pair_keeps_the_target_law_and_rejects_both_wrong_rules(one_thr
 def test_the_verb_runs_every_level_on_a_long_pair(tmp_path, one_thread):
     sources.prepare({"source": "init", "preset": "llama-tiny", "seed": 1}, tmp_path / "m")
     check = {"length": 48, "policy": "retrieval", "kv_budget": 24, "drafter": "self", "k": 2,
-             "documents": 2, "tokens": 64, "power_tokens": 32, "seeds": 2}
+             "documents": 2, "tokens": 32, "power_tokens": 16, "seeds": 2}
     job = {"check": check, "device": "cpu", "dtype": "float32", "seed": 0}
     out = tmp_path / "long_cpu.json"
     code = cli.main(["verify-long", "--spec", json.dumps(SPEC.job_spec()), "--long-spec",
