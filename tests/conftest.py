@@ -1,4 +1,5 @@
 import copy
+import functools
 import inspect
 import os
 import re
@@ -45,24 +46,33 @@ def workdir(tmp_path):
     return copy_workflow(tmp_path)
 
 
+@functools.cache
+def calls_latex(function) -> bool:
+    """Whether `function`'s source calls the LaTeX build (read once per function: a fixture or a
+    parametrized test is shared by many items)."""
+    return bool(LATEX_BUILD.search(inspect.getsource(function)))
+
+
 def compiles_latex(item: pytest.Item) -> bool:
     """Whether the test's body, or a fixture it uses, calls the LaTeX build."""
     defs = getattr(item, "_fixtureinfo", None)
     fixtures = [d[-1].func for d in defs.name2fixturedefs.values()] if defs else []
     functions = [getattr(item, "function", None), *fixtures]
-    return any(LATEX_BUILD.search(inspect.getsource(f)) for f in functions if f is not None)
+    return any(calls_latex(f) for f in functions if f is not None)
 
 
 def reads_the_default_dag(item: pytest.Item) -> bool:
     return "default_dag" in getattr(item, "fixturenames", ())
 
 
-# The files that took longest in `make test-fast` (20-50 s each of its 4-5 minutes on 2 shared
-# cores), longest first: given out first, so that no long file starts while the other worker is
-# running out of work.
-LONGEST_FILES = ("test_figures_paper.py", "test_hostile_models.py", "test_hub.py",
-                 "test_workflow.py", "test_batched.py", "test_equivalence.py", "test_verify.py",
-                 "test_longstudy.py")
+# The files that took longest in `make test-fast` (9-40 s each of its 2.5 minutes on 2 cores),
+# longest first: given out first, so that no long file starts while the other worker is running
+# out of work; the short files after them even out the two workers' ends.
+LONGEST_FILES = ("test_figures_paper.py", "test_hostile_models.py", "test_batched.py",
+                 "test_workflow.py", "test_hub.py", "test_equivalence.py", "test_quantized.py",
+                 "test_containers.py", "test_verify.py", "test_selection.py",
+                 "test_hostile_config.py", "test_regime_depth.py", "test_longstudy.py",
+                 "test_longctx.py", "test_artifact.py")
 
 
 def length_rank(item: pytest.Item) -> int:
@@ -70,17 +80,21 @@ def length_rank(item: pytest.Item) -> int:
     return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `latex` every test that compiles the paper, so `-m "not latex"` leaves it out.
-    The default DAG is the longest build of a full run. The file of the first test that reads
-    it goes first, its readers first; the other files that read it go last, their readers
-    last; the rest in between, LONGEST_FILES first. Under `--dist loadfile
-    --no-loadscope-reorder` (the Makefile) one worker starts the DAG at once and waits on it
-    while the other runs every other file, and a worker takes a file when it runs out."""
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]):
+    """Mark `latex` every test that compiles the paper, before `-m "not latex"` deselects it.
+
+    Then, once `-m` has deselected, order the tests that will run. The default DAG is the
+    longest build of a full run. The file of the first test that reads it goes first, its
+    readers first; the other files that read it go last, their readers last; the rest in
+    between, LONGEST_FILES first. Under `--dist loadfile --no-loadscope-reorder` (the Makefile)
+    one worker starts the DAG at once and waits on it while the other runs every other file, and
+    a worker takes a file when it runs out. Where no test that runs reads it (`make test-fast`),
+    LONGEST_FILES alone orders the files."""
     for item in items:
         if compiles_latex(item):
             item.add_marker(pytest.mark.latex)
+    yield  # the other hooks, `-m`'s deselection among them
     readers = [item for item in items if reads_the_default_dag(item)]
     first = readers[0].path if readers else None
     files = {item.path for item in readers}
