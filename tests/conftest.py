@@ -12,21 +12,19 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
-import torch
-
-# One torch thread in each pytest-xdist worker: two workers already share the two cores, and the
-# tests' tiny models gain nothing from a second thread but contention. test_batched,
-# test_equivalence and test_figures_paper took 220 s of CPU with torch's default (2 threads) and
-# 75 s with one, on 2 cores with other work. A serial run (the planted-load pass) keeps the
-# default; subprocesses (verbs, Snakemake jobs) keep theirs.
-if "PYTEST_XDIST_WORKER" in os.environ:
-    torch.set_num_threads(1)
-
-from dag import copy_workflow, e2e_configfile, snakemake
-from llama import COPY_VOCAB, PERIOD, planted_copies, tiny_llama
 from once import build_once
 
-from decodelab import sources
+# The controller of a pytest-xdist run only hands out tests: it imports none of torch,
+# transformers or Matplotlib (6 s before it starts the workers); the fixtures below import them.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    import torch
+
+    # One torch thread in each pytest-xdist worker: two workers already share the two cores,
+    # and the tests' tiny models gain nothing from a second thread but contention.
+    # test_batched, test_equivalence and test_figures_paper took 220 s of CPU with torch's
+    # default (2 threads) and 75 s with one, on 2 cores with other work. A serial run (the
+    # planted-load pass) keeps the default; subprocesses (verbs, Snakemake jobs) keep theirs.
+    torch.set_num_threads(1)
 
 # a call of the LaTeX build: tests/fixtures.py's helper or latexmk itself
 LATEX_BUILD = re.compile(r"\b(build_paper|latexmk)\(")
@@ -35,6 +33,8 @@ LATEX_BUILD = re.compile(r"\b(build_paper|latexmk)\(")
 @pytest.fixture
 def one_thread():
     """One torch thread for a test of thousands of tiny forwards: threads only contend here."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -43,6 +43,8 @@ def one_thread():
 
 @pytest.fixture
 def workdir(tmp_path):
+    from dag import copy_workflow
+
     return copy_workflow(tmp_path)
 
 
@@ -116,6 +118,8 @@ TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_pos
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """A tiny `init` GPT-2 that tests read and never change."""
+    from decodelab import sources
+
     out = tmp_path_factory.mktemp("m") / "gpt2-tiny"
     sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
     return out
@@ -125,6 +129,8 @@ def model_dir(tmp_path_factory):
 def tiny_pair(tmp_path_factory) -> tuple[str, str]:
     """A `train` target and a draft distilled from it, tiny, for all xdist workers:
     (target_dir, draft_dir)."""
+    from decodelab import sources
+
     def train() -> list[str]:
         root = tmp_path_factory.mktemp("pair")
         sources.prepare(TINY_TRAIN, root / "target")
@@ -147,6 +153,9 @@ def oracle_model(model):
 def copier(tmp_path_factory):
     """A 2-layer Llama trained in seconds to copy from PERIOD tokens back, trained once for all
     xdist workers: (model, its last training loss)."""
+    import torch
+    from llama import COPY_VOCAB, PERIOD, planted_copies, tiny_llama
+
     def train() -> dict:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -175,6 +184,8 @@ def default_dag(tmp_path_factory) -> Path:
     """The default DAG at the end-to-end test's sizes (dag.E2E_SIZES) run once to the
     PDF in a copy of the workflow, for all xdist workers: every e2e test reads this one run and
     changes nothing in it."""
+    from dag import copy_workflow, e2e_configfile, snakemake
+
     def run() -> str:
         workdir = copy_workflow(tmp_path_factory.mktemp("default-dag"))
         snakemake(workdir, "--configfile", e2e_configfile(workdir), timeout=3600)
@@ -185,6 +196,8 @@ def default_dag(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def default_report(default_dag, tmp_path_factory) -> subprocess.CompletedProcess:
     """`make report` on the default run: results/report.html and what Snakemake said."""
+    from dag import snakemake
+
     def report() -> dict:
         return vars(snakemake(default_dag, "--report", "results/report.html", "--configfile",
                               str(default_dag / "e2e.yaml")))
