@@ -1,4 +1,5 @@
 import copy
+import functools
 import inspect
 import os
 import re
@@ -11,21 +12,19 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
-import torch
-
-# One torch thread in each pytest-xdist worker: two workers already share the two cores, and the
-# tests' tiny models gain nothing from a second thread but contention. test_batched,
-# test_equivalence and test_figures_paper took 220 s of CPU with torch's default (2 threads) and
-# 75 s with one, on 2 cores with other work. A serial run (the planted-load pass) keeps the
-# default; subprocesses (verbs, Snakemake jobs) keep theirs.
-if "PYTEST_XDIST_WORKER" in os.environ:
-    torch.set_num_threads(1)
-
-from dag import copy_workflow, e2e_configfile, snakemake
-from llama import COPY_VOCAB, PERIOD, planted_copies, tiny_llama
 from once import build_once
 
-from decodelab import sources
+# The controller of a pytest-xdist run only hands out tests: it imports none of torch,
+# transformers or Matplotlib (6 s before it starts the workers); the fixtures below import them.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    import torch
+
+    # One torch thread in each pytest-xdist worker: two workers already share the two cores,
+    # and the tests' tiny models gain nothing from a second thread but contention.
+    # test_batched, test_equivalence and test_figures_paper took 220 s of CPU with torch's
+    # default (2 threads) and 75 s with one, on 2 cores with other work. A serial run (the
+    # planted-load pass) keeps the default; subprocesses (verbs, Snakemake jobs) keep theirs.
+    torch.set_num_threads(1)
 
 # a call of the LaTeX build: tests/fixtures.py's helper or latexmk itself
 LATEX_BUILD = re.compile(r"\b(build_paper|latexmk)\(")
@@ -34,6 +33,8 @@ LATEX_BUILD = re.compile(r"\b(build_paper|latexmk)\(")
 @pytest.fixture
 def one_thread():
     """One torch thread for a test of thousands of tiny forwards: threads only contend here."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -42,7 +43,16 @@ def one_thread():
 
 @pytest.fixture
 def workdir(tmp_path):
+    from dag import copy_workflow
+
     return copy_workflow(tmp_path)
+
+
+@functools.cache
+def calls_latex(function) -> bool:
+    """Whether `function`'s source calls the LaTeX build (read once per function: a fixture or a
+    parametrized test is shared by many items)."""
+    return bool(LATEX_BUILD.search(inspect.getsource(function)))
 
 
 def compiles_latex(item: pytest.Item) -> bool:
@@ -50,19 +60,21 @@ def compiles_latex(item: pytest.Item) -> bool:
     defs = getattr(item, "_fixtureinfo", None)
     fixtures = [d[-1].func for d in defs.name2fixturedefs.values()] if defs else []
     functions = [getattr(item, "function", None), *fixtures]
-    return any(LATEX_BUILD.search(inspect.getsource(f)) for f in functions if f is not None)
+    return any(calls_latex(f) for f in functions if f is not None)
 
 
 def reads_the_default_dag(item: pytest.Item) -> bool:
     return "default_dag" in getattr(item, "fixturenames", ())
 
 
-# The files that took longest in `make test-fast` (20-50 s each of its 4-5 minutes on 2 shared
-# cores), longest first: given out first, so that no long file starts while the other worker is
-# running out of work.
-LONGEST_FILES = ("test_figures_paper.py", "test_hostile_models.py", "test_hub.py",
-                 "test_workflow.py", "test_batched.py", "test_equivalence.py", "test_verify.py",
-                 "test_longstudy.py")
+# The files that took longest in `make test-fast` (9-40 s each of its 2.5 minutes on 2 cores),
+# longest first: given out first, so that no long file starts while the other worker is running
+# out of work; the short files after them even out the two workers' ends.
+LONGEST_FILES = ("test_figures_paper.py", "test_hostile_models.py", "test_batched.py",
+                 "test_workflow.py", "test_hub.py", "test_equivalence.py", "test_quantized.py",
+                 "test_containers.py", "test_verify.py", "test_selection.py",
+                 "test_hostile_config.py", "test_regime_depth.py", "test_longstudy.py",
+                 "test_longctx.py", "test_artifact.py")
 
 
 def length_rank(item: pytest.Item) -> int:
@@ -70,17 +82,21 @@ def length_rank(item: pytest.Item) -> int:
     return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `latex` every test that compiles the paper, so `-m "not latex"` leaves it out.
-    The default DAG is the longest build of a full run. The file of the first test that reads
-    it goes first, its readers first; the other files that read it go last, their readers
-    last; the rest in between, LONGEST_FILES first. Under `--dist loadfile
-    --no-loadscope-reorder` (the Makefile) one worker starts the DAG at once and waits on it
-    while the other runs every other file, and a worker takes a file when it runs out."""
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]):
+    """Mark `latex` every test that compiles the paper, before `-m "not latex"` deselects it.
+
+    Then, once `-m` has deselected, order the tests that will run. The default DAG is the
+    longest build of a full run. The file of the first test that reads it goes first, its
+    readers first; the other files that read it go last, their readers last; the rest in
+    between, LONGEST_FILES first. Under `--dist loadfile --no-loadscope-reorder` (the Makefile)
+    one worker starts the DAG at once and waits on it while the other runs every other file, and
+    a worker takes a file when it runs out. Where no test that runs reads it (`make test-fast`),
+    LONGEST_FILES alone orders the files."""
     for item in items:
         if compiles_latex(item):
             item.add_marker(pytest.mark.latex)
+    yield  # the other hooks, `-m`'s deselection among them
     readers = [item for item in items if reads_the_default_dag(item)]
     first = readers[0].path if readers else None
     files = {item.path for item in readers}
@@ -102,6 +118,8 @@ TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_pos
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """A tiny `init` GPT-2 that tests read and never change."""
+    from decodelab import sources
+
     out = tmp_path_factory.mktemp("m") / "gpt2-tiny"
     sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
     return out
@@ -111,6 +129,8 @@ def model_dir(tmp_path_factory):
 def tiny_pair(tmp_path_factory) -> tuple[str, str]:
     """A `train` target and a draft distilled from it, tiny, for all xdist workers:
     (target_dir, draft_dir)."""
+    from decodelab import sources
+
     def train() -> list[str]:
         root = tmp_path_factory.mktemp("pair")
         sources.prepare(TINY_TRAIN, root / "target")
@@ -133,6 +153,9 @@ def oracle_model(model):
 def copier(tmp_path_factory):
     """A 2-layer Llama trained in seconds to copy from PERIOD tokens back, trained once for all
     xdist workers: (model, its last training loss)."""
+    import torch
+    from llama import COPY_VOCAB, PERIOD, planted_copies, tiny_llama
+
     def train() -> dict:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -161,6 +184,8 @@ def default_dag(tmp_path_factory) -> Path:
     """The default DAG at the end-to-end test's sizes (dag.E2E_SIZES) run once to the
     PDF in a copy of the workflow, for all xdist workers: every e2e test reads this one run and
     changes nothing in it."""
+    from dag import copy_workflow, e2e_configfile, snakemake
+
     def run() -> str:
         workdir = copy_workflow(tmp_path_factory.mktemp("default-dag"))
         snakemake(workdir, "--configfile", e2e_configfile(workdir), timeout=3600)
@@ -171,6 +196,8 @@ def default_dag(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def default_report(default_dag, tmp_path_factory) -> subprocess.CompletedProcess:
     """`make report` on the default run: results/report.html and what Snakemake said."""
+    from dag import snakemake
+
     def report() -> dict:
         return vars(snakemake(default_dag, "--report", "results/report.html", "--configfile",
                               str(default_dag / "e2e.yaml")))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -58,6 +59,35 @@ def spec_one_pair(tmp_path) -> Path:
     """A CPU-only host: only the CPU/CPU pair ran, and the HF table is header-only."""
     stats_dir = write_stats(tmp_path / "stats_spec_cpu", backends=("cpu",), spikes=False)
     return write_spec_stats(stats_dir, pairs=("cpu-cpu",), backends=("cpu",), hf=False)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """Stats tables and the TeX generated from them, once for the tests that only read both."""
+    stats: Path
+    gen: Path
+    written: list[Path]
+    macros: dict[str, str]
+
+
+def generated(root: Path, stats: Path) -> Generated:
+    written = write_generated(stats, settings_dict(), root / "gen")
+    return Generated(stats, root / "gen", written,
+                     defined_macros((root / "gen" / "macros.tex").read_text()))
+
+
+@pytest.fixture(scope="module")
+def stats_gen(tmp_path_factory) -> Generated:
+    """`stats`, generated."""
+    root = tmp_path_factory.mktemp("stats-gen")
+    return generated(root, write_stats(root / "stats"))
+
+
+@pytest.fixture(scope="module")
+def spec_gen(tmp_path_factory) -> Generated:
+    """`spec_stats`, generated."""
+    root = tmp_path_factory.mktemp("spec-gen")
+    return generated(root, write_spec_stats(write_stats(root / "stats_spec")))
 
 
 # -----------------------------------------------------------------------------
@@ -135,6 +165,14 @@ def ver_stats(tmp_path) -> Path:
     """The speculative stage and the verification stage on two pairs."""
     stats_dir = write_spec_stats(write_stats(tmp_path / "stats_ver"))
     return write_verification_stats(stats_dir, pairs=("cpu-cpu", "cpu-mps"))
+
+
+@pytest.fixture(scope="module")
+def ver_gen(tmp_path_factory) -> Generated:
+    """`ver_stats`, generated."""
+    root = tmp_path_factory.mktemp("ver-gen")
+    stats_dir = write_spec_stats(write_stats(root / "stats_ver"))
+    return generated(root, write_verification_stats(stats_dir, pairs=("cpu-cpu", "cpu-mps")))
 
 
 def assert_verification_figures(paths: list[Path]) -> None:
@@ -228,8 +266,8 @@ def test_each_section_defines_the_same_names_whether_its_stage_ran_or_not(stats,
                      "LongRefReady": False, "BatchedReady": False, "SpecPaysReady": False}
 
 
-def test_write_generated_all_files(stats, tmp_path):
-    written = write_generated(stats, settings_dict(), tmp_path / "gen")
+def test_write_generated_all_files(stats_gen):
+    written = stats_gen.written
     names = {p.name for p in written}
     assert names == {"macros.tex", "tab_environment.tex", "tab_kv.tex", "tab_regimes.tex",
                      "tab_skipped.tex", "tab_settings.tex", "tab_spec_pairs.tex",
@@ -245,8 +283,8 @@ def test_write_generated_all_files(stats, tmp_path):
             assert r"\toprule" in text and r"\bottomrule" in text
 
 
-def test_macros_with_spikes(stats, tmp_path):
-    m = generate(stats, tmp_path / "gen")
+def test_macros_with_spikes(stats_gen):
+    m = stats_gen.macros
     assert m["MaxSpikeRatio"] == "5.85" and m["MaxSpikeBudget"] == "96"
     assert m["MaxSpikeBackend"] == "MPS" and m["MaxSpikeModel"] == r"\texttt{gpt2-tiny}"
     assert m["MaxSpikeDecodeRatio"] == "6.00" and m["MaxSpikePrefillRatio"] == "1.00"
@@ -272,16 +310,16 @@ def test_macros_one_backend_no_spikes(cpu_only, tmp_path):
     assert skipped.count("skipped") == 2 and "CPU & yes & ran" in skipped
 
 
-def test_speculative_flag_false_without_tables(stats, tmp_path):
-    m = generate(stats, tmp_path / "gen")
+def test_speculative_flag_false_without_tables(stats_gen):
+    m = stats_gen.macros
     assert m["ifSpeculativeReady"] == "false" and m["SpecBestSpeedupSampled"] == "--"
     assert m["SeedSpeedup"] == "1.61"  # the seed's claim is defined either way
     for name in ("tab_spec_pairs.tex", "tab_spec_hf.tex", "tab_models.tex"):
-        assert r"\emph{" in (tmp_path / "gen" / name).read_text(), name
+        assert r"\emph{" in (stats_gen.gen / name).read_text(), name
 
 
-def test_speculative_macros(spec_stats, tmp_path):
-    m = generate(spec_stats, tmp_path / "gen")
+def test_speculative_macros(spec_gen):
+    m = spec_gen.macros
     assert m["ifSpeculativeReady"] == "true"
     assert m["ifVerificationReady"] == "false"
     assert m["SpecNumPairsRequested"] == "5" and m["SpecNumPairsRun"] == "3"
@@ -316,17 +354,16 @@ def test_speculative_macros(spec_stats, tmp_path):
     assert m["SpecKs"] == "1, 2, 3, 4, 6, 8" and m["SpecTopK"] == "off"
 
 
-def test_speculative_tables(spec_stats, tmp_path):
-    write_generated(spec_stats, settings_dict(), tmp_path / "gen")
-    pairs = (tmp_path / "gen" / "tab_spec_pairs.tex").read_text()
+def test_speculative_tables(spec_gen):
+    pairs = (spec_gen.gen / "tab_spec_pairs.tex").read_text()
     assert r"\texttt{cpu-mps} & CPU & MPS & sampled & 4 & 1.45 & [1.35, 1.54]" in pairs
     assert pairs.count("skipped") == 2 and pairs.count("& ran") == 3
-    hf = (tmp_path / "gen" / "tab_spec_hf.tex").read_text()
+    hf = (spec_gen.gen / "tab_spec_hf.tex").read_text()
     assert hf.count(r"\texttt{") == 2 and "cpu-mps" not in hf
-    models = (tmp_path / "gen" / "tab_models.tex").read_text()
+    models = (spec_gen.gen / "tab_models.tex").read_text()
     assert r"\texttt{draft} & \texttt{target} & 1 $\times$ 128 & 1.26M & 3.02 & 3.24" in models
     assert "gpt2-tiny" not in models  # init models are not trained here
-    settings = (tmp_path / "gen" / "tab_settings.tex").read_text()
+    settings = (spec_gen.gen / "tab_settings.tex").read_text()
     assert (r"Speculative pair \texttt{cpu-mps} & draft \texttt{draft} on CPU, target "
             r"\texttt{target} on MPS, \texttt{float32}") in settings
 
@@ -393,25 +430,24 @@ def test_seed_macros_only_in_their_sections():
             assert not re.search(r"\\Seed[A-Z]", strip_comments(path.read_text())), path
 
 
-def test_regimes_table_phase_attribution(stats, tmp_path):
-    write_generated(stats, settings_dict(), tmp_path / "gen")
-    rows = (tmp_path / "gen" / "tab_regimes.tex").read_text().splitlines()
+def test_regimes_table_phase_attribution(stats_gen):
+    rows = (stats_gen.gen / "tab_regimes.tex").read_text().splitlines()
     mps_gpt2 = next(r for r in rows if r.startswith(r"MPS & \texttt{gpt2-tiny}"))
     assert mps_gpt2.split(" & ")[-2:] == ["1.00", r"6.00 \\"]
 
 
-def test_verification_flag_false_without_tables(spec_stats, tmp_path):
-    m = generate(spec_stats, tmp_path / "gen")
+def test_verification_flag_false_without_tables(spec_gen):
+    m = spec_gen.macros
     assert m["ifVerificationReady"] == "false"
     assert m["VerChiPCorrect"] == "--" and m["VerPowerLogRatioAcceptAll"] == "--"
     assert m["ifChiMeetsStandard"] == "false" and m["ifLogRatioMeetsStandard"] == "false"
     assert m["SeedChi"] == "162.5" and m["SeedChiTokens"] == "9,200"
     for name in ("tab_verification.tex", "tab_power.tex"):
-        assert r"\emph{no " in (tmp_path / "gen" / name).read_text(), name
+        assert r"\emph{no " in (spec_gen.gen / name).read_text(), name
 
 
-def test_verification_macros(ver_stats, tmp_path):
-    m = generate(ver_stats, tmp_path / "gen")
+def test_verification_macros(ver_gen):
+    m = ver_gen.macros
     assert m["ifVerificationReady"] == "true" and m["VerPair"] == r"\texttt{cpu-cpu}"
     assert m["VerNumPairsRun"] == "2" and m["ifVerMultiPair"] == "true"
     assert m["VerExactErrCorrect"] == r"\ensuremath{2.2\times10^{-16}}"
@@ -434,7 +470,7 @@ def test_verification_macros(ver_stats, tmp_path):
     # the finding: the chi-square misses the wrong samplers and is liberal; the t-test does not
     assert m["ifChiRejectsWrong"] == "false" and m["ifChiFullPower"] == "false"
     assert m["ifChiLiberal"] == "true" and m["ifChiMeetsStandard"] == "false"
-    log_ratio = standard_flags(read_verification(ver_stats), "cpu-cpu", "LogRatio")
+    log_ratio = standard_flags(read_verification(ver_gen.stats), "cpu-cpu", "LogRatio")
     assert log_ratio["LogRatioRejectsWrong"] and log_ratio["LogRatioFullPower"]
     assert not log_ratio["LogRatioLiberal"] and m["ifLogRatioMeetsStandard"] == "true"
     assert m["ifVerLevelTwoAsExpected"] == "true" and m["ifVerLevelThreeRan"] == "true"
@@ -457,15 +493,14 @@ def test_verification_flags_flip(ver_stats, tmp_path):
     assert not log_ratio["LogRatioFullPower"] and m["ifLogRatioMeetsStandard"] == "false"
 
 
-def test_verification_tables(ver_stats, tmp_path):
-    write_generated(ver_stats, settings_dict(), tmp_path / "gen")
-    levels = (tmp_path / "gen" / "tab_verification.tex").read_text()
+def test_verification_tables(ver_gen):
+    levels = (ver_gen.gen / "tab_verification.tex").read_text()
     assert levels.count(r"\texttt{resample\_from\_p}") == 12  # 6 level-1, 2 level-2, 4 level-3
     assert r"\textbf{kept} & rejected" in levels  # the chi-square missed a negative control
     assert r"$\chi^2 = 1{,}450$ & 7 & \ensuremath{<10^{-300}}" in levels
     assert levels.count(r"\midrule") == 3  # header, then between the three levels
     assert r"\emph{Level 3: real models, two samples}" in levels
-    power = (tmp_path / "gen" / "tab_power.tex").read_text()
+    power = (ver_gen.gen / "tab_power.tex").read_text()
     assert "rejected at 0.01" in power and "4 / 10 & 40.0\\% & power" in power
     assert power.count("false rejections") == 6
 
@@ -651,8 +686,8 @@ def test_every_generated_macro_is_used_in_the_paper(scenario, tmp_path):
     assert not unused, f"generated but never used: {unused}"
 
 
-def test_every_generated_input_is_produced(stats, tmp_path):
-    produced = {p.name for p in write_generated(stats, settings_dict(), tmp_path / "gen")}
+def test_every_generated_input_is_produced(stats_gen):
+    produced = {p.name for p in stats_gen.written}
     text = "\n".join(strip_comments(p.read_text()) for p in tex_sources())
     wanted = set(re.findall(r"\\input\{generated/([^}]+)\}", text))
     assert wanted, "paper/ inputs nothing from generated/"
@@ -748,8 +783,8 @@ def test_a_noisy_build_says_so_first_with_its_noisiest_jobs_and_the_remeasure_co
     assert claims.split(r"\item")[1].count(r"\NoiseVerdict") == 1  # and its first claim
 
 
-def test_a_quiet_build_says_it_was_quiet_and_how_that_was_judged(stats, tmp_path):
-    macros = generate(stats, tmp_path / "gen")
+def test_a_quiet_build_says_it_was_quiet_and_how_that_was_judged(stats_gen):
+    macros = stats_gen.macros
     assert macros["NoiseVerdict"].startswith("This build was quiet: 60 of 60 measured")
     assert r"background CPU $\le$ 10\%" in macros["NoiseVerdict"]
     assert "noisy" not in macros["NoiseVerdict"] and "remeasure" not in macros["NoiseVerdict"]
@@ -765,8 +800,8 @@ def test_a_build_from_before_the_verdicts_says_it_carries_none(stats, tmp_path):
     assert macros["NoiseJudgedBy"].startswith(r"cv between processes $\le$")  # the settings'
 
 
-def test_each_quoted_best_comes_from_the_selection_table(spec_stats, tmp_path):
-    macros = generate(spec_stats, tmp_path / "gen")
+def test_each_quoted_best_comes_from_the_selection_table(spec_gen):
+    macros = spec_gen.macros
     assert macros["SelSpecFinding"].startswith("cpu-mps, sampled, K = 4 (chosen on processes "
                                                "1, 3, 5, 7, measured on processes 0, 2, 4, 6)")
     assert macros["SelSpecFinding"].endswith(r"1.38\x{} [1.21, 1.52]")

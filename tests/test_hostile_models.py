@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_TRAIN
-from hf_offline import COMMIT, build_hub_cache, prepare_hf_offline
+from hf_offline import COMMIT, build_hub_cache
 from transformers import AutoModelForCausalLM
 
 import decodelab
@@ -89,11 +89,13 @@ for argv in json.loads(sys.argv[1]):
 """
 
 
-def run_verbs(argvs: list[list[str]], stdin: str, tmp_path: Path) -> tuple[list, str]:
-    """`decodelab` verbs in one fresh interpreter, stdin given (an empty one is closed): the
-    exit status and stderr of each verb, and all it printed."""
+def run_verbs(argvs: list[list[str]], stdin: str, hf_home: Path) -> tuple[list, str]:
+    """`decodelab` verbs in one fresh interpreter, offline on the hub cache under `hf_home`,
+    stdin given (an empty one is closed): the exit status and stderr of each verb, and all it
+    printed."""
     src = str(Path(decodelab.__file__).parents[1])
-    env = os.environ | {"HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "1",
+    env = os.environ | {"HF_HOME": str(hf_home), "HF_HUB_CACHE": str(hf_home / "hub"),
+                        "HF_HUB_OFFLINE": "1",
                         "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argvs)], input=stdin,
                           env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -103,29 +105,48 @@ def run_verbs(argvs: list[list[str]], stdin: str, tmp_path: Path) -> tuple[list,
     return verbs, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("stdin", ["", "y\ny\n"], ids=["stdin-closed", "stdin-says-yes"])
-def test_custom_code_never_runs_in_prepare_model_or_sweep(tmp_path, tiny_dir, stdin):
-    marker = tmp_path / "MARKER"
-    hostile = with_custom_code(copy_model(tiny_dir, tmp_path / "hostile"), marker)
-    prepared = with_custom_code(copy_model(tiny_dir, tmp_path / "models" / "evil"), marker)
-    out = tmp_path / "results" / "models" / "evil"
-    raw = tmp_path / "rep0.parquet"
-    verbs, said_all = run_verbs([
-        ["prepare-model", "--spec", json.dumps({"source": "local", "path": str(hostile)}),
-         "--out", str(out)],
-        ["sweep", "--model-dir", str(prepared), "--model", "evil", "--backend", "cpu",
-         "--experiment", "sweep", "--repeat", "0", "--spec", json.dumps(SWEEP),
-         "--out", str(raw)],
-    ], stdin, tmp_path)
-    assert not marker.exists(), "the model's configuration_x.py ran"
+@pytest.fixture(scope="module", params=["", "y\ny\n"], ids=["stdin-closed", "stdin-says-yes"])
+def custom_code_verbs(request, tiny_dir, tmp_path_factory) -> tuple[Path, dict, str]:
+    """Three verbs on models that ship code, in one fresh interpreter (a fresh one per stdin,
+    closed or saying yes): prepare-model on a local path, sweep on a prepared directory, and
+    prepare-model on an hf snapshot in the offline cache. Returns (root, verb -> (exit status,
+    stderr), all printed)."""
+    root = tmp_path_factory.mktemp("custom-code")
+    marker = root / "MARKER"
+    hostile = with_custom_code(copy_model(tiny_dir, root / "hostile"), marker)
+    prepared = with_custom_code(copy_model(tiny_dir, root / "models" / "evil"), marker)
+    snapshot = copy_model(tiny_dir, root / "snapshot")
+    edit_json(snapshot / "config.json", auto_map=AUTO_MAP)
+    build_hub_cache(root / "hf-home" / "hub", "org/evil", COMMIT,
+                    {p.name: p for p in snapshot.iterdir()})
+    argvs = {
+        "prepare": ["prepare-model", "--spec",
+                    json.dumps({"source": "local", "path": str(hostile)}),
+                    "--out", str(root / "results" / "models" / "evil")],
+        "sweep": ["sweep", "--model-dir", str(prepared), "--model", "evil", "--backend", "cpu",
+                  "--experiment", "sweep", "--repeat", "0", "--spec", json.dumps(SWEEP),
+                  "--out", str(root / "rep0.parquet")],
+        "hf": ["prepare-model", "--spec",
+               json.dumps({"source": "hf", "repo": "org/evil", "revision": COMMIT}),
+               "--out", str(root / "hf" / "m")],
+    }
+    verbs, said_all = run_verbs(list(argvs.values()), request.param, root / "hf-home")
+    assert len(verbs) == len(argvs), said_all
+    return root, dict(zip(argvs, verbs, strict=True)), said_all
+
+
+def test_custom_code_never_runs_in_prepare_model_or_sweep(custom_code_verbs):
+    root, verbs, said_all = custom_code_verbs
+    hostile, out = root / "hostile", root / "results" / "models" / "evil"
+    assert not (root / "MARKER").exists(), "the model's configuration_x.py ran"
     assert "Traceback" not in said_all and "[y/N]" not in said_all, said_all
-    [(prepare, said), (measure, said_sweep)] = verbs
+    (prepare, said), (measure, said_sweep) = verbs["prepare"], verbs["sweep"]
     assert prepare == 2 and measure == 2
     assert f"model 'evil' (local path {str(hostile)!r}): config.json has 'auto_map'" in said
     assert "trust_remote_code=False" in said
     assert "model 'evil': config.json has 'auto_map'" in said_sweep
     assert not out.parent.exists() or not any(out.parent.iterdir())  # no model, no partial dir
-    assert not raw.exists()
+    assert not (root / "rep0.parquet").exists()
 
 
 REFUSED = {  # case -> (how to spoil a good model directory, what the error says)
@@ -221,17 +242,14 @@ def test_the_pickle_payload_is_armed(tmp_path):
     assert (tmp_path / "UNPICKLED").exists()
 
 
-def test_an_hf_snapshot_goes_through_the_same_checks(tmp_path, tiny_dir):
-    src = copy_model(tiny_dir, tmp_path / "snapshot")
-    edit_json(src / "config.json", auto_map=AUTO_MAP)
-    cache = tmp_path / "hub"
-    build_hub_cache(cache, "org/evil", COMMIT, {p.name: p for p in src.iterdir()})
-    [result] = prepare_hf_offline(tmp_path, cache.resolve(), [
-        ({"source": "hf", "repo": "org/evil", "revision": COMMIT}, tmp_path / "m")])
-    assert result["ok"] is False
-    assert result["message"].startswith(f"model 'm' (hf org/evil@{COMMIT}): config.json has "
-                                        "'auto_map'")
-    assert not (tmp_path / "m").exists() and not sources.partial_dir(tmp_path / "m").exists()
+def test_an_hf_snapshot_goes_through_the_same_checks(custom_code_verbs):
+    root, verbs, _ = custom_code_verbs
+    status, said = verbs["hf"]
+    assert status == 2
+    assert f"model 'm' (hf org/evil@{COMMIT}): config.json has 'auto_map'" in said, said
+    out = root / "hf" / "m"
+    assert not out.exists() and not sources.partial_dir(out).exists()
+    assert not (root / "MARKER").exists()
 
 
 @pytest.mark.parametrize("change, says", [

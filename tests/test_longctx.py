@@ -124,8 +124,13 @@ def test_a_drafter_equal_to_the_target_with_a_covering_budget_is_always_accepted
                        torch.Generator().manual_seed(0), torch.Generator().manual_seed(1),
                        drafter=twin)
         assert out.proposal_acceptance == 1.0
-    # The control: a small budget makes the twin's draft differ from the target's (4 runs, as
-    # in the control above).
+
+
+def test_a_twin_drafter_with_a_small_budget_is_rejected_sometimes(model):
+    # The control of the one above, once for every policy there (it uses none of them): a small
+    # budget makes the twin's draft differ from the target's (4 runs, as in the control of the
+    # self-drafting test).
+    twin = copy.deepcopy(model)
     rates = [generate(model, tokens(200), 120, 4, Policy("sink_window", budget=8),
                       Sampling(temperature=1.0), torch.Generator().manual_seed(seed),
                       torch.Generator().manual_seed(seed + 1), drafter=twin).proposal_acceptance

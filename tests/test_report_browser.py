@@ -1,6 +1,7 @@
 """The HTML report (`make report`) in a real browser: Debian's Chromium, driven by Playwright, opens
 the report of the default run (the e2e run, shared), walks its menu and views every figure."""
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,7 @@ MENU = ["Workflow", "Statistics", "About"]  # Snakemake's own items, before the 
 def why_no_browser() -> str | None:
     if not CHROMIUM.exists():
         return f"{CHROMIUM} is not installed (`make browser` installs Debian's with apt as root)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("playwright") is None:  # found, not imported: 0.3 s a worker
         return "playwright is not installed (pinned in requirements.lock: `make setup`)"
     return None
 

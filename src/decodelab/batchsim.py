@@ -41,7 +41,11 @@ class Stream:
     def verify(self, k: int) -> int:
         """Accepted of k draft tokens: the leading run of successes, then maybe a switch."""
         alpha = self.request.alphas[self.regime]
-        accepted = int(np.argmin(np.append(self.rng.random(k) < alpha, False)))
+        accepted = k
+        for i, u in enumerate(self.rng.random(k).tolist()):  # a Python loop: k is a few tokens
+            if u >= alpha:
+                accepted = i
+                break
         if self.rng.random() < self.request.switch:
             self.regime = 1 - self.regime
         return accepted

@@ -21,7 +21,6 @@ from .models import (
 )
 from .names import check_name
 from .shapes import PRESETS, VOCAB, check_preset, declared_positions, position_overrun
-from .train import prepare_train
 
 CONFIG_CLASSES = {"gpt2": GPT2Config, "opt": OPTConfig, "bloom": BloomConfig,
                   "llama": LlamaConfig}
@@ -84,6 +83,14 @@ def prepare_hf(out: Path, spec: dict, label: str, teacher_dir: Path | None) -> N
     # A repo's own decodelab.json stays out: writing ours over a hard link would edit the cache.
     link_tree(snapshot, out, skip={MANIFEST})
     write_manifest(out, source="hf", repo=repo, revision=revision, family=family_of(config))
+
+
+def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -> None:
+    # Imported here: training pulls in the Llama and distillation code (1.5 s of imports) that
+    # no other source, and no refusal of a hostile model, needs.
+    from .train import prepare_train as train
+
+    train(out, spec, label, teacher_dir)
 
 
 # Each source fills `out` (an empty directory) from its spec; `label` names the model in errors.
