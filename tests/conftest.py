@@ -73,8 +73,9 @@ def reads_the_default_dag(item: pytest.Item) -> bool:
 LONGEST_FILES = ("test_figures_paper.py", "test_hostile_models.py", "test_batched.py",
                  "test_workflow.py", "test_hub.py", "test_equivalence.py", "test_quantized.py",
                  "test_containers.py", "test_verify.py", "test_selection.py",
-                 "test_hostile_config.py", "test_regime_depth.py", "test_longstudy.py",
-                 "test_longctx.py", "test_artifact.py")
+                 "test_hostile_config.py", "test_train.py", "test_regime_depth.py",
+                 "test_longstudy.py", "test_artifact.py", "test_longctx.py", "test_models.py",
+                 "test_sampling.py", "test_config.py", "test_speculative.py")
 
 
 def length_rank(item: pytest.Item) -> int:
