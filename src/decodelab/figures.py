@@ -607,9 +607,14 @@ def parallelism_figure(parallelism: pd.DataFrame, out_stem: Path) -> list[Path]:
         return save(fig, out_stem)
 
 
+PRICED_ALPHA = 0.5  # the theory figure's second prediction, drawn fainter than Leviathan's
+
+
 def theory_figure(theory: pd.DataFrame, out_stem: Path,
                   colors: dict[str, str] | None = None) -> list[Path]:
-    """Leviathan et al.'s predicted speedup against the measured one, and their ratio by K."""
+    """Leviathan et al.'s predicted speedup against the measured one, and their ratio by K:
+    as the formula prices verification (one target step), and priced as the runs measured it
+    (faint crosses, where the theory table has `predicted_verify`)."""
     df = theory.copy()
     if len(df):
         df = df[np.isfinite(df["predicted"]) & np.isfinite(df["measured"])
@@ -633,6 +638,10 @@ def theory_figure(theory: pd.DataFrame, out_stem: Path,
                              markersize=3.5, markerfacecolor="none", color=colors[pair])
                 gap.plot(rows["k"], rows["measured"] / rows["predicted"], color=colors[pair],
                          linestyle=linestyle, marker=marker, markersize=3)
+                if "predicted_verify" in rows:  # the same, verification priced as measured
+                    gap.plot(rows["k"], rows["measured"] / rows["predicted_verify"],
+                             color=colors[pair], linestyle=linestyle, marker="x", markersize=3,
+                             alpha=PRICED_ALPHA)
             values = np.r_[df["predicted"].to_numpy(), df["measured"].to_numpy()]
             lo, hi = 0.9 * values.min(), 1.1 * values.max()
             scatter.plot([lo, hi], [lo, hi], linestyle=":", **REFERENCE)
@@ -646,6 +655,9 @@ def theory_figure(theory: pd.DataFrame, out_stem: Path,
         gap.set_ylabel("measured / predicted")
         handles = [*pair_mode_handles(names, colors, modes),
                    Line2D([], [], linestyle=":", label="measured = predicted", **REFERENCE)]
+        if "predicted_verify" in df and df["predicted_verify"].notna().any():
+            handles.append(Line2D([], [], color="0.3", marker="x", linestyle="none",
+                                  alpha=PRICED_ALPHA, label="verification priced as measured"))
         fig.legend(handles=handles, loc="outside upper center", ncol=min(len(handles), 6))
         return save(fig, out_stem)
 
