@@ -24,8 +24,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from decodelab import graphs, sources, study, theory
-from decodelab.config import SpeculativeJob, load_settings
+from decodelab import graphs, sources, stability, stats, study
+from decodelab.config import Confidence, SpeculativeJob, Stability, load_settings
 from decodelab.decode import decode
 from decodelab.io import write_raw
 
@@ -104,39 +104,37 @@ def run_study(settings, dirs, out: Path, pair_name: str, smoke: bool) -> pd.Data
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per engine, mode and K: medians over prompts, speedup over the fair baseline (the same
-    loop, `autoregressive`) and over the per-step synchronized one, and Leviathan's prediction
-    from the measured alpha and c."""
-    rows = []
-    for (engine, mode), g in df.groupby(["engine", "mode"]):
-        by = {m: g[g.method == m] for m in g.method.unique()}
-        fair, stepped = by["autoregressive"].total_s.median(), None
-        if "autoregressive_stepped" in by:
-            stepped = by["autoregressive_stepped"].total_s.median()
-        c = by["draft_autoregressive"].step_s.median() / by["autoregressive"].step_s.median()
-        for k, s in by["speculative"].groupby("k"):
-            alpha = s.alpha.median()
-            predicted = theory.expected_speedup(alpha, int(k), c)
-            measured = fair / s.total_s.median()
-            rows.append({
-                "engine": engine, "mode": mode, "k": int(k), "c": c, "alpha": alpha,
-                "proposal_acceptance": s.proposal_acceptance.median(),
-                "tokens_per_call": s.tokens_per_call.median(),
-                "speculative_s": s.total_s.median(), "fair_baseline_s": fair,
-                "stepped_baseline_s": stepped, "speedup": measured,
-                "speedup_over_stepped": stepped / s.total_s.median() if stepped else None,
-                "overhead_share": s.overhead_share.median(), "predicted": predicted,
-                "measured_over_predicted": measured / predicted,
-                "prompts": len(s), "speedup_min": fair / s.total_s.max(),
-                "speedup_max": fair / s.total_s.min()})
-    hf = df[df.method == "hf_assisted"]
-    out = pd.DataFrame(rows)
-    if len(hf):
-        spec = df[(df.method == "speculative") & (df["mode"] == "greedy") & (df.engine == "eager")]
-        ratio = hf.groupby("k").total_s.median() / spec.groupby("k").total_s.median()
-        out["over_hf_assisted"] = out.apply(
-            lambda r: ratio.get(r.k) if r["mode"] == "greedy" else None, axis=1)
-    return out
+    """Per engine, mode and K: the DAG's own speculative statistics (`decodelab spec-stats`:
+    speedup over the fair and the stepped baseline, host overhead, alpha, c, Leviathan's
+    prediction and the one that prices verification as measured), with the per-prompt range of
+    the speedup and, in greedy mode, ours over HF assisted generation."""
+    ci = Confidence(0.95, 1000, 0)  # one process here: the intervals collapse to the estimate
+    proc = stats.spec_per_process(df)
+    acceptance = stats.acceptance_table(proc, ci)
+    speedup = stats.speedup_table(proc, ci, stability.verdicts(df, stats.SPECULATIVE,
+                                                               Stability()))
+    theory = stats.theory_table(proc, speedup, acceptance)
+    hf = stats.hf_table(proc, df, ci)[["pair", "k", "ours_over_hf"]]
+    out = (theory.merge(speedup[["pair", "mode", "k", "speedup_stepped", "overhead_share"]],
+                        on=stats.SPEC_KEYS)
+           .merge(acceptance[["pair", "mode", "k", "proposal_acceptance", "tokens_per_call"]],
+                  on=stats.SPEC_KEYS)
+           .merge(prompt_range(df), on=stats.SPEC_KEYS)
+           .merge(hf.assign(mode="greedy"), on=stats.SPEC_KEYS, how="left"))
+    engines = df.drop_duplicates("pair").set_index("pair")["engine"]
+    return out.assign(engine=out["pair"].map(engines),
+                      measured_over_predicted=out["measured"] / out["predicted"])
+
+
+def prompt_range(df: pd.DataFrame) -> pd.DataFrame:
+    """Per pair, mode and K: the fair baseline's median time over the slowest and the fastest
+    prompt's speculative time."""
+    fair = df[df.method == "autoregressive"].groupby(["pair", "mode"]).total_s.median()
+    spec = df[df.method == "speculative"].groupby(stats.SPEC_KEYS).total_s
+    times = spec.agg(["min", "max"]).reset_index()
+    base = [fair[(r.pair, r.mode)] for r in times.itertuples()]
+    return times.assign(speedup_min=base / times["max"], speedup_max=base / times["min"])[
+        [*stats.SPEC_KEYS, "speedup_min", "speedup_max"]]
 
 
 def divergence(df: pd.DataFrame) -> pd.DataFrame:
@@ -197,8 +195,8 @@ def write_tables(frames: list[pd.DataFrame], out: Path) -> None:
     table.to_csv(out / "stats/pair.csv", index=False)
     divergence(df).to_csv(out / "stats/divergence.csv", index=False)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(table[["engine", "mode", "k", "c", "alpha", "speedup", "speedup_over_stepped",
-                     "predicted", "measured_over_predicted", "overhead_share"]]
+        print(table[["engine", "mode", "k", "cost_ratio", "alpha", "measured", "speedup_stepped",
+                     "predicted", "measured_over_predicted", "verify_cost", "overhead_share"]]
               .round(3).to_string(index=False), flush=True)
 
 
