@@ -2,7 +2,7 @@
 # The H200 reference run: the Snakemake DAG of config/gpu.yaml up to the per-host statistics and
 # figures (no TeX there), resumable across calls on the same machine, one GPU job per GPU
 # (`--resources gpu=N`, decodelab takes a free device in each job). Usage: run.sh SECONDS [pair]
-# With `pair`, only the trained pair's jobs (speculative, parallelism, verification).
+# With `pair`, only the trained pair's jobs (speculative, eager and graph, parallelism, verification).
 set -uo pipefail
 deadline=$((SECONDS + ${1:-560}))
 [ -d /tmp/site/snakemake ] || python3 -m pip install -q --no-index --no-deps --no-compile \
@@ -22,7 +22,7 @@ models=$(python3 -c "import yaml; print(' '.join('results/models/'+m for m in ya
 h=results/cuda-h200
 sm $models 2>&1 | grep -v "^\s*$" | tail -n 30        # models first: nothing is timed beside them
 # The trained pair's jobs next, all on this machine (a pair trained again would differ).
-sm $h/speculative/{cuda-cuda,cpu-cuda}/rep{0,1}.parquet $h/cuda/parallelism/target/rep{0,1}.parquet \
+sm $h/speculative/{cuda-cuda,cuda-cuda-graph,cpu-cuda}/rep{0,1}.parquet $h/cuda/parallelism/target/rep{0,1}.parquet \
   $h/verification/real_cuda-cuda.json 2>&1 | tail -n 30
 if [ "${2:-}" != pair ]; then
   sm $h/runs.parquet 2>&1 | tail -n 30                # the sweeps
