@@ -114,7 +114,7 @@ def test_load_settings_outside_snakemake(tmp_path):
 
 def test_position_needs():
     needs = settings().position_needs()
-    assert needs["gpt2-tiny"] == (224, "config 'sweep' (budget 192 + prompt length 32)")
+    assert needs["gpt2-tiny"] == (160, "config 'sweep' (budget 128 + prompt length 32)")
     batched = "config 'batched' (longest context 192 + budget 16 + 2 K + 1 = 215)"
     assert needs["target"] == (215, batched) and needs["draft"] == (215, batched)
     without = {k: v for k, v in validated().items() if k != "batched"}

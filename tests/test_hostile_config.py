@@ -275,8 +275,8 @@ def test_every_planned_file_is_unique_and_inside_its_tree(adversarial_plan):
 
 def test_the_hf_model_job_is_given_the_longest_sequence_to_check(adversarial_plan):
     """Item 10: an hf model's positions are known only once downloaded; its prepare_model job
-    refuses it then, before any sweep job (the budgets here reach 192 + 32 tokens)."""
-    assert re.search(r"prepare-model --spec '\{[^']*\"source\": \"hf\"\}'.* --positions-needed 224 "
+    refuses it then, before any sweep job (the budgets here reach 128 + 32 tokens)."""
+    assert re.search(r"prepare-model --spec '\{[^']*\"source\": \"hf\"\}'.* --positions-needed 160 "
                      r"--out results/models/stats ", adversarial_plan)
 
 
