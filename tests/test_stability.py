@@ -143,7 +143,7 @@ def test_a_quiet_scatter_of_20_percent_passes_at_the_defaults_repeats_and_a_load
     # in most jobs (66% at the default's 7 budgets, 75% at 9), where quiet ones show in none.
     disturbed = [default_build(seed, busy=np.nan, noise=3 * QUIET_SCATTER)["noisy"].mean()
                  for seed in range(40)]
-    assert np.mean(disturbed) >= 0.5
+    assert np.mean(disturbed) >= 0.6
 
 
 def within_scatter(factor: float, processes: int = 3) -> pd.DataFrame:

@@ -21,9 +21,11 @@ models=$(python3 -c "import yaml; print(' '.join('results/models/'+m for m in ya
 [ "${2:-}" = pair ] && models="results/models/target results/models/draft"
 h=results/cuda-h200
 sm $models 2>&1 | grep -v "^\s*$" | tail -n 30        # models first: nothing is timed beside them
-# The trained pair's jobs next, all on this machine (a pair trained again would differ).
-sm $h/speculative/{cuda-cuda,cuda-cuda-graph,cpu-cuda}/rep{0,1}.parquet $h/cuda/parallelism/target/rep{0,1}.parquet \
-  $h/verification/real_cuda-cuda.json 2>&1 | tail -n 30
+# The trained pair's jobs next, all on this machine (a pair trained again would differ), the
+# cheap timed ones first: level 3 alone takes minutes, and a call cut short keeps what finished.
+sm $h/speculative/{cuda-cuda-graph,cuda-cuda}/rep{0,1}.parquet 2>&1 | tail -n 30
+sm $h/cuda/parallelism/target/rep{0,1}.parquet $h/speculative/cpu-cuda/rep{0,1}.parquet 2>&1 | tail -n 30
+sm $h/verification/real_cuda-cuda.json 2>&1 | tail -n 30
 if [ "${2:-}" != pair ]; then
   sm $h/runs.parquet 2>&1 | tail -n 30                # the sweeps
   sm --omit-from paper 2>&1 | tail -n 40              # statistics and figures
