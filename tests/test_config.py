@@ -49,10 +49,11 @@ def test_job_specs_are_the_config_sections_as_given(profile):
         {**{k: sweep[k] for k in keys if k in sweep}, "seed": config["seed"]})
     keys = ("ks", "modes", "temperature", "top_k", "top_p", "prompts", "prompt_len", "budget",
             "hf_assisted")
+    backends = {"sdp_backends": spec["sdp_backends"]} if "sdp_backends" in spec else {}
     assert spec_json(s.speculative.job_spec()) == spec_json(
-        {**{k: spec[k] for k in keys}, "seed": config["seed"]})
+        {**{k: spec[k] for k in keys}, "seed": config["seed"], **backends})
     assert spec_json(s.speculative.parallelism_spec("bfloat16")) == spec_json(
-        {**spec["parallelism"], "dtype": "bfloat16", "seed": config["seed"]})
+        {**spec["parallelism"], "dtype": "bfloat16", "seed": config["seed"], **backends})
     assert spec_json({n: p.job_spec() for n, p in s.speculative.pairs.items()}) == spec_json(
         spec["pairs"])
     assert spec_json(s.verification.job_spec()) == spec_json(

@@ -65,6 +65,12 @@ class Spec:
         return asdict(self)
 
 
+def without_unset(spec, *optional: str) -> dict:
+    """`spec` as a dict, without the optional keys left unset: raw files written before those
+    keys existed keep their hash."""
+    return {k: v for k, v in asdict(spec).items() if v is not None or k not in optional}
+
+
 def build_nested(cls, spec: Mapping, key: str):
     """`build` of the section `key` of `spec`, its errors naming the section."""
     try:
@@ -148,8 +154,7 @@ class SweepJob:
         return build(cls, spec)
 
     def job_spec(self) -> dict:
-        return {k: v for k, v in asdict(self).items()
-                if v is not None or k not in ("sdp_backends", "engine")}
+        return without_unset(self, "sdp_backends", "engine")
 
 
 @dataclass(frozen=True)
@@ -251,6 +256,10 @@ class ParallelismJob(Spec):
     inner: int
     dtype: str
     seed: int
+    sdp_backends: tuple[str, ...] | None = None
+
+    def job_spec(self) -> dict:
+        return without_unset(self, "sdp_backends")
 
 
 @dataclass(frozen=True)
@@ -268,6 +277,10 @@ class SpeculativeJob(Spec):
     budget: int
     hf_assisted: bool
     seed: int
+    sdp_backends: tuple[str, ...] | None = None
+
+    def job_spec(self) -> dict:
+        return without_unset(self, "sdp_backends")
 
     @property
     def sampling(self) -> Sampling:
@@ -301,6 +314,7 @@ class Speculative:
     hf_assisted: bool
     parallelism: Parallelism
     seed: int  # the config's top-level seed
+    sdp_backends: tuple[str, ...] | None = None  # of the speculative and parallelism processes
 
     @classmethod
     def from_config(cls, section: Mapping, seed: int) -> Speculative:
@@ -318,14 +332,15 @@ class Speculative:
 
     def job(self) -> SpeculativeJob:
         """One speculative process's settings."""
-        return SpeculativeJob(**self.grid(), seed=self.seed)
+        return SpeculativeJob(**self.grid(), seed=self.seed, sdp_backends=self.sdp_backends)
 
     def job_spec(self) -> dict:
         return self.job().job_spec()
 
     def parallelism_job(self, dtype: str) -> ParallelismJob:
         """One parallelism process's settings, in its target's dtype."""
-        return ParallelismJob(**asdict(self.parallelism), dtype=dtype, seed=self.seed)
+        return ParallelismJob(**asdict(self.parallelism), dtype=dtype, seed=self.seed,
+                              sdp_backends=self.sdp_backends)
 
     def parallelism_spec(self, dtype: str) -> dict:
         return self.parallelism_job(dtype).job_spec()
@@ -333,7 +348,8 @@ class Speculative:
     def section(self) -> dict:
         """The config section as given."""
         return {**self.grid(), "pairs": {n: p.job_spec() for n, p in self.pairs.items()},
-                "repeats": self.repeats, "parallelism": asdict(self.parallelism)}
+                "repeats": self.repeats, "parallelism": asdict(self.parallelism),
+                **({"sdp_backends": self.sdp_backends} if self.sdp_backends else {})}
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ def sm_clock_probe(device: torch.device | str) -> Callable[[], float] | None:
 SDP_BACKENDS = ("flash", "mem_efficient", "math", "cudnn")
 
 
-def set_sdp_backends(allowed: Iterable[str] | None) -> None:
+def set_sdp_backends(allowed: Iterable[str] | None, key: str = "sweep.sdp_backends") -> None:
     """Allow only these backends of torch's scaled_dot_product_attention (None: torch's
     defaults). The flags are global to the process: CPU attention honours flash and math, CUDA
     all four. results/reference/cuda-h200/README.md shows why one may leave cuDNN out."""
@@ -167,7 +167,7 @@ def set_sdp_backends(allowed: Iterable[str] | None) -> None:
     allowed = list(allowed)
     unknown = sorted(set(allowed) - set(SDP_BACKENDS))
     if unknown or not allowed:
-        raise DecodelabError(f"config 'sweep.sdp_backends' must be a non-empty list of "
+        raise DecodelabError(f"config '{key}' must be a non-empty list of "
                              f"{', '.join(SDP_BACKENDS)}; got {allowed}")
     for name in SDP_BACKENDS:
         getattr(torch.backends.cuda, f"enable_{name}_sdp")(name in allowed)

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from . import graphs, machine, models
 from .config import PASSES, ParallelismJob, SpeculativeJob, parallelism_span
 from .decode import decode, new_cache
-from .devices import fingerprint, now
+from .devices import fingerprint, now, set_sdp_backends
 from .llamacpp import load_role, quantized_roles
 from .speculative import Result, autoregressive, check_vocab, feed, generate, rollback
 from .train import heldout_prompts
@@ -132,6 +132,7 @@ def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: Specu
         repeat: int,
         progress: bool = True) -> pd.DataFrame:
     job = machine.Job()
+    set_sdp_backends(spec.sdp_backends, "speculative.sdp_backends")
     key, longest = f"speculative.pairs.{pair_name}.engine", spec.prompt_len + spec.budget
     target, draft = (graphs.engine(m, pair.get("engine", "eager"), key, longest)
                      for m in load_pair(target_dir, draft_dir, pair))
@@ -163,6 +164,7 @@ def parallelism_job(model_dir: str, model_name: str, backend: str, spec: Paralle
                     repeat: int) -> pd.DataFrame:
     """One parallelism process (`decodelab parallelism`): `parallelism` on the target in the
     job's dtype, its rows stamped with the job."""
+    set_sdp_backends(spec.sdp_backends, "speculative.sdp_backends")
     model = models.load(model_dir, backend, spec.dtype, role="target")
     df = parallelism(model, spec.ks, spec.context, spec.inner, spec.seed + repeat)
     meta = {"backend": backend, "model": model_name, "repeat": repeat,
