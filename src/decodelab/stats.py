@@ -140,11 +140,12 @@ def summed(f):
 
 def pooled_alpha(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per speculative group: alpha from its full-K calls pooled over prompts; from all calls'
-    tokens per call for runs from before the per-call proposals were recorded."""
+    tokens per call for runs from before the per-call proposals were recorded (a reference
+    may hold both)."""
     rows = []
     for key, g in runs[runs["method"] == "speculative"].groupby(keys):
         k = int(dict(zip(keys, key, strict=True))["k"])
-        if "proposals" in g:
+        if "proposals" in g and g["proposals"].map(lambda c: isinstance(c, list | np.ndarray)).all():
             accepted = [n for cell in g["accepted"] for n in cell]
             alpha = alpha_of_calls(accepted, [m for cell in g["proposals"] for m in cell], k)
         else:
