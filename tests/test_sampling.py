@@ -5,6 +5,7 @@ import torch
 from scipy import stats
 
 from decodelab.sampling import (
+    _invert_cdf,
     emitted_distribution,
     greedy_accept,
     sample,
@@ -413,6 +414,24 @@ def test_sample_shapes_and_determinism():
     assert torch.equal(drawn, sample(probs, gen(19)))
     assert sample(torch.eye(9)[4], gen()).item() == 4
     assert sample(torch.eye(9)[4], gen()).shape == ()
+
+
+def test_inverse_cdf_never_lands_on_a_zero_weight():
+    """Zero weights at the start, the middle and the end span empty intervals of the normalised
+    running sum: every u in [0, 1) lands on a token of positive weight, the largest double below
+    1 (where u * total could round up to total) on the last one, a span's left edge on its own."""
+    w = torch.tensor([0.0, 0.3, 0.0, 0.2, 0.5, 0.0, 0.0], dtype=torch.float64) * 3.7
+    cdf = w.cumsum(-1)
+    edges = (cdf / cdf[-1]).unique()
+    top = torch.tensor([1 - 2**-53], dtype=torch.float64)
+    u = torch.cat([torch.linspace(0, 1, 10_001, dtype=torch.float64)[:-1], edges[edges < 1], top])
+    drawn = _invert_cdf(cdf, u[:, None])
+    assert drawn.shape == u.shape
+    assert (w[drawn] > 0).all()
+    assert drawn[-1] == 4 and _invert_cdf(cdf, torch.zeros(1, dtype=torch.float64)) == 1
+    assert _invert_cdf(cdf, (cdf[1] / cdf[-1]).reshape(1)) == 3
+    batch = torch.stack([w, w.flip(0)])  # rows of a batch each against their own sum
+    assert _invert_cdf(batch.cumsum(-1), torch.stack([top, top])).tolist() == [4, 5]
 
 
 # --- expected speedup -------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class Result:
     verify_s: float = 0.0  # inside the target's forward passes
     total_s: float = 0.0
     prefill_s: float = 0.0  # inside the target's first forward pass (the prompt)
+    draft_prefill_s: float = 0.0  # inside the draft's first forward pass (the prompt)
 
     @property
     def target_calls(self) -> int:
@@ -248,6 +249,7 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     check_finite({"target": target, "draft": draft}, kept)
     out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
     out.prefill_s = spans.first("target")
+    out.draft_prefill_s = spans.first("draft") if spans.spans["draft"] else 0.0
     out.tokens = seq[len(prompt):]
     return out
 

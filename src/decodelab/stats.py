@@ -174,7 +174,18 @@ def spec_per_process(runs: pd.DataFrame) -> pd.DataFrame:
     if {"verify_s", "prefill_s"} <= set(runs):
         passes = runs.assign(pass_s=target_pass_s(runs)).groupby(keys)["pass_s"].median()
         out = out.merge(passes.reset_index(), on=keys)
+    if {"draft_s", "draft_prefill_s", "draft_forwards"} <= set(runs):
+        passes = runs.assign(draft_pass_s=draft_pass_s(runs)).groupby(keys)["draft_pass_s"]
+        out = out.merge(passes.median().reset_index(), on=keys)
     return out
+
+
+def draft_pass_s(runs: pd.DataFrame) -> pd.Series:
+    """Time of one draft pass after the prompt's in a speculative run, inside the forward pass:
+    each follows a verification or another draft pass, where the draft's own loop (its
+    `pass_s`) follows only its own passes."""
+    passes = runs["draft_forwards"] - 1
+    return (runs["draft_s"] - runs["draft_prefill_s"]) / passes.where(passes > 0)
 
 
 def target_pass_s(runs: pd.DataFrame) -> pd.Series:
@@ -240,21 +251,30 @@ def theory_table(proc: pd.DataFrame, speedup: pd.DataFrame,
     is what it measured in the same runs (a verification pass over a baseline pass, forward
     time alone), and `predicted_verify` the same formula with that price: where verification is
     not free (a CPU), the gap between the two predictions is its cost, and what remains between
-    `predicted_verify` and `measured` is the draft's passes in the loop and the host."""
+    `predicted_verify` and `measured` is the draft's passes in the loop and the host.
+    `draft_cost` is a draft pass in the loop over one in the draft's own loop (above 1 where
+    the target's pass evicts the draft's weights from the caches), and `predicted_passes` the
+    formula with both passes at their measured prices (as `predicted_verify`, on whole steps):
+    what remains between it and `measured` is the host."""
     steps = proc.groupby(["pair", "mode", "method"])["step_s"].median()
     passes = (proc.groupby(["pair", "mode", "method", "k"])["pass_s"].median()
               if "pass_s" in proc else pd.Series(dtype=float))
+    drafts = (proc.groupby(["pair", "mode", "method", "k"])["draft_pass_s"].median()
+              if "draft_pass_s" in proc else pd.Series(dtype=float))
     rows = []
     for row in speedup.merge(acceptance, on=SPEC_KEYS, suffixes=("", "_acc")).itertuples():
         c = steps[(row.pair, row.mode, "draft_autoregressive")] / \
             steps[(row.pair, row.mode, BASELINE)]
         v = (passes.get((row.pair, row.mode, "speculative", row.k), np.nan)
              / passes.get((row.pair, row.mode, BASELINE, 0), np.nan))
+        d = (drafts.get((row.pair, row.mode, "speculative", row.k), np.nan)
+             / passes.get((row.pair, row.mode, "draft_autoregressive", 0), np.nan))
+        tokens = expected_tokens_per_call(row.alpha, row.k)
         rows.append({"pair": row.pair, "mode": row.mode, "k": row.k, "alpha": row.alpha,
                      "cost_ratio": float(c), "predicted": expected_speedup(row.alpha, row.k, c),
                      "measured": row.speedup, "verify_cost": float(v),
-                     "predicted_verify": expected_tokens_per_call(row.alpha, row.k)
-                     / (row.k * c + v)})
+                     "predicted_verify": tokens / (row.k * c + v), "draft_cost": float(d),
+                     "predicted_passes": tokens / (row.k * c * d + v)})
     return pd.DataFrame(rows)
 
 

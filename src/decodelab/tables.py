@@ -154,7 +154,7 @@ TABLES = (
                             "stepped_ci_high", "stepped_s"),
                 flags=STABLE, text=(*REASON, "baseline")),
     speculative("theory", ("k", "alpha", "cost_ratio", "predicted", "measured", "verify_cost",
-                          "predicted_verify")),
+                          "predicted_verify", "draft_cost", "predicted_passes")),
     speculative("hf", ("k", "ours_s", "hf_s", "ours_over_hf", *CI, "agree_hf_assisted",
                        "agree_speculative")),
     speculative("parallelism", ("context", "k", "ratio", *CI, "n")),
