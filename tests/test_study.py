@@ -151,3 +151,21 @@ def test_every_parallelism_pass_of_a_size_starts_from_a_new_context_length():
         mine = [b for b, m in zip(begin, ns, strict=True) if m == n]
         assert len(set(mine)) == len(mine)
         assert sorted(mine) == list(range(100, 100 + len(mine)))
+
+
+def test_pooled_alpha_reads_a_reference_with_rows_from_before_per_call_proposals():
+    """A reference may hold raw rows written before `proposals` was recorded beside newer ones:
+    the old pair's alpha comes from tokens per call, the new pair's from its full-K calls."""
+    import pandas as pd
+
+    from decodelab.theory import expected_tokens_per_call
+
+    old = pd.DataFrame({"pair": "old", "method": "speculative", "mode": "greedy", "k": 4,
+                        "tokens": [[0] * 30], "target_calls": [10]})
+    new = pd.DataFrame({"pair": "new", "method": "speculative", "mode": "greedy", "k": 4,
+                        "tokens": [[0] * 9], "target_calls": [3], "accepted": [[4, 2, 1]],
+                        "proposals": [[4, 4, 2]]})
+    alpha = stats.pooled_alpha(pd.concat([old, new], ignore_index=True),
+                               ["pair", "mode", "k"]).set_index("pair")["alpha"]
+    assert expected_tokens_per_call(alpha["old"], 4) == pytest.approx(3.0)
+    assert expected_tokens_per_call(alpha["new"], 4) == pytest.approx(4.0)  # 1 + (4 + 2) / 2

@@ -133,9 +133,13 @@ def environment_table(runs: pd.DataFrame) -> pd.DataFrame:
 SPEC_KEYS = ["pair", "mode", "k"]
 
 
+def is_list(cell) -> bool:
+    return isinstance(cell, list | np.ndarray)
+
+
 def summed(f):
     """Sum of f over the list cells of a column; rows of other methods hold NaN there."""
-    return lambda cells: sum(f(c) for c in cells if isinstance(c, list | np.ndarray))
+    return lambda cells: sum(f(c) for c in cells if is_list(c))
 
 
 def pooled_alpha(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -145,7 +149,7 @@ def pooled_alpha(runs: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     rows = []
     for key, g in runs[runs["method"] == "speculative"].groupby(keys):
         k = int(dict(zip(keys, key, strict=True))["k"])
-        if "proposals" in g and g["proposals"].map(lambda c: isinstance(c, list | np.ndarray)).all():
+        if "proposals" in g and g["proposals"].map(is_list).all():
             accepted = [n for cell in g["accepted"] for n in cell]
             alpha = alpha_of_calls(accepted, [m for cell in g["proposals"] for m in cell], k)
         else:
