@@ -50,7 +50,7 @@ def write_config(workdir: Path, base: dict | None = None, **changes) -> Path:
 
 # The default DAG as the end-to-end test runs it: config.yaml, every rule and key, at a fraction of
 # its sizes (fewer budgets, repeats, training steps and draws). `make reproduce` runs it whole,
-# 15.5 minutes on this quiet 2-core VM, too long for CI beside the rest of the tests.
+# 13.5 minutes on this quiet 2-core VM, too long for CI beside the rest of the tests.
 E2E_SIZES = {
     "models": {"target": {"steps": 300}, "draft": {"steps": 200}, "long-target": {"steps": 40}},
     "sweep": {"budgets": [8, 16, 32, 48, 64, 96], "repeats": 2},
