@@ -12,7 +12,7 @@ from decodelab import graphs
 from decodelab.config import Sampling
 from decodelab.decode import decode
 from decodelab.errors import DecodelabError
-from decodelab.speculative import generate
+from decodelab.speculative import autoregressive, generate
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 SAMPLED = Sampling(temperature=1.0)
@@ -64,6 +64,15 @@ def test_static_sampled_keeps_the_rejection_rule(pair):
     assert runs[1].tokens == runs[0].tokens
     assert runs[1].accepted == runs[0].accepted
     assert len(set(runs[0].accepted)) > 1
+
+
+def test_static_sampled_autoregressive_equals_eager(pair):
+    """The fair baseline draws on the same uniforms through the engine's fused steps."""
+    target, _ = pair
+    runs = [autoregressive(m, PROMPT, 40, SAMPLED, seeded("cpu", 3)).tokens
+            for m in (target, static(target))]
+    assert runs[1] == runs[0]
+    assert len(set(runs[0])) > 5
 
 
 def test_rollback_by_position_hides_stale_slots(pair):
@@ -171,6 +180,22 @@ def test_graph_sampled_keeps_the_rejection_rule():
             for t, d in [(target, draft), (graphs.Engine(target), graphs.Engine(draft))]]
     assert runs[1].tokens == runs[0].tokens
     assert runs[1].accepted == runs[0].accepted
+
+
+@CUDA
+@pytest.mark.parametrize("s", [Sampling(), SAMPLED])
+def test_graph_draft_replays_a_proposal_at_once(s):
+    """Every draft pass of a graph engine runs inside one graph per proposal (K passes and
+    draws), keyed by the tokens it feeds first and K; its output equals the same loop uncaptured
+    and the eager engine's, on the same uniforms."""
+    target, draft = tiny(2, 64, seed=0, device="cuda"), tiny(1, 32, seed=1, device="cuda")
+    engine = graphs.Engine(draft)
+    runs = [generate(target, d, PROMPT, 64, 4, s, seeded("cuda", 5), seeded("cuda", 6))
+            for d in (draft, graphs.Engine(draft, capture=False), engine)]
+    assert runs[2].tokens == runs[1].tokens == runs[0].tokens
+    assert {key[:2] for key in engine.graphs} <= {("draws", len(PROMPT)), ("draws", 1),
+                                                  ("draws", 2)}
+    assert {key[2] for key in engine.graphs} >= {4}
 
 
 def test_capture_off_a_gpu_is_refused(pair):

@@ -468,3 +468,12 @@ def test_expected_speedup_k_zero_is_one(alpha):
 def test_expected_speedup_rejects_bad_arguments(alpha, k, c):
     with pytest.raises(ValueError):
         expected_speedup(alpha, k, c)
+
+
+def test_sample_on_given_uniforms_inverts_the_cdf():
+    """A uniform picks the token whose span of the running sum holds it; zero weights span
+    nothing, and u near 1 stays inside the last span."""
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.5, 0.25]])
+    picks = [sample(probs, u=torch.tensor([[u]], dtype=torch.float64)).item()
+             for u in (0.0, 0.2, 0.25, 0.7, 0.75, 1 - 1e-16)]
+    assert picks == [1, 1, 3, 3, 4, 4]

@@ -65,8 +65,7 @@ class Engine:
         self.capture = capture
         self.max_len = max_len or model.config.get_text_config().max_position_embeddings
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_len)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor,
-                                                 torch.Tensor]] = {}
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple, object]] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.slots: Slots | None = None
         self.config = model.config
@@ -112,25 +111,54 @@ class Engine:
         return self.model(input_ids=ids, use_cache=True, logits_to_keep=keep,
                           **{self.cache_kwarg: self.cache}).logits
 
-    def captured(self, n: int, keep: int):
-        """The graph for n input tokens (logits of the last `keep`; 0: all), captured on first
-        use at the current position after warm-up passes whose writes are undone."""
-        if (n, keep) not in self.graphs:
-            ids = torch.zeros(1, n, dtype=torch.long, device=self.device)
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float logits ([V]) of the last of `ids` ([T]): a raw pass for code that `fused`
+        records, which keeps the cache's length itself."""
+        return self.run(ids[None], 1)[0, -1].float()
+
+    def recorded(self, key, fn, inputs: tuple, advance: int):
+        """(graph, its input buffers, its outputs) of fn(*inputs), which writes `advance` tokens
+        to the cache: captured on first use at the current position after warm-up runs whose
+        writes are undone."""
+        if key not in self.graphs:
+            static = tuple(None if x is None else x.clone() for x in inputs)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 # Compiled code recompiles once the cache has been initialized by a first pass:
                 # every compilation must be done before capture (it syncs, which capture forbids).
                 for _ in range(1 + 2 * self.compiled):
-                    self.run(ids, keep)
-                    self.move_back(n)
+                    fn(*static)
+                    self.move_back(advance)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                logits = self.run(ids, keep)
-            self.graphs[n, keep] = graph, ids, logits
-        return self.graphs[n, keep]
+                out = fn(*static)
+            self.graphs[key] = graph, static, out
+        return self.graphs[key]
+
+    def fused(self, key, fn, inputs: tuple, advance: int, cache: Slots):
+        """fn(*inputs) after what `cache` holds, where fn writes `advance` tokens to the cache
+        (through `run` or `step`) and may do device work of its own between passes: one graph
+        per `key` (which must name every shape and constant fn depends on), so that a loop of
+        passes and draws costs the host one replay. Its outputs are the graph's buffers, valid
+        until the same key runs again."""
+        if cache is not self.slots:
+            raise DecodelabError("a graph engine serves one sequence at a time: use the cache "
+                                 "of its latest new_cache()")
+        if cache.length + advance > self.max_len:
+            raise DecodelabError(f"{self.name_or_path!r}: {cache.length + advance} tokens "
+                                 f"do not fit its static cache of {self.max_len}")
+        if self.capture:
+            graph, static, out = self.recorded(key, fn, inputs, advance)
+            for buffer, x in zip(static, inputs, strict=True):
+                if buffer is not None:
+                    buffer.copy_(x)
+            graph.replay()
+        else:
+            out = fn(*inputs)
+        cache.length += advance
+        return out
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = True,
                 past_key_values: Slots | None = None, logits_to_keep: int = 0):
@@ -139,20 +167,9 @@ class Engine:
         valid until the same shape runs again."""
         if past_key_values is None:
             return self.model(input_ids=input_ids, use_cache=False, logits_to_keep=logits_to_keep)
-        if past_key_values is not self.slots:
-            raise DecodelabError("a graph engine serves one sequence at a time: use the cache "
-                                 "of its latest new_cache()")
         n = input_ids.shape[1]
-        if past_key_values.length + n > self.max_len:
-            raise DecodelabError(f"{self.name_or_path!r}: {past_key_values.length + n} tokens "
-                                 f"do not fit its static cache of {self.max_len}")
-        if self.capture:
-            graph, ids, logits = self.captured(n, logits_to_keep)
-            ids.copy_(input_ids)
-            graph.replay()
-        else:
-            logits = self.run(input_ids, logits_to_keep)
-        past_key_values.length += n
+        logits = self.fused((n, logits_to_keep), lambda ids: self.run(ids, logits_to_keep),
+                            (input_ids,), n, past_key_values)
         return SimpleNamespace(logits=logits)
 
     __call__ = forward

@@ -15,8 +15,9 @@ import math
 import torch
 
 
-def _wide(device: torch.device) -> torch.dtype:
-    # float64 for the ratio and the residual whatever the inputs; MPS has no float64.
+def wide(device: torch.device) -> torch.dtype:
+    """float64 for the ratio, the residual and the running sum whatever the inputs; MPS has no
+    float64."""
     return torch.float32 if device.type == "mps" else torch.float64
 
 
@@ -40,15 +41,19 @@ def _resample_weights(p: torch.Tensor, q: torch.Tensor, tol: float) -> torch.Ten
     return torch.where(mass > tol, residual, p)
 
 
-def _sample_no_sync(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _sample_no_sync(weights: torch.Tensor, generator: torch.Generator | None,
+                    u: torch.Tensor | None = None) -> torch.Tensor:
     """[..., V] unnormalised weights -> [...] indices, without a host sync: one uniform per row
-    against the running sum (inverse CDF), in float64 where the device has it.
+    against the running sum (inverse CDF), in float64 where the device has it. `u` ([..., 1]):
+    the uniforms, drawn beforehand (a CUDA graph replays the draw on them); None draws them.
 
     One random number per draw, where torch.multinomial and the exponential race draw V of them
     (0.1-0.15 ms per 4096-token row on a CPU core: a sixth of the default draft's step).
     """
-    cdf = weights.cumsum(-1, dtype=_wide(weights.device))
-    u = torch.rand((*cdf.shape[:-1], 1), generator=generator, device=cdf.device, dtype=cdf.dtype)
+    cdf = weights.cumsum(-1, dtype=wide(weights.device))
+    if u is None:
+        u = torch.rand((*cdf.shape[:-1], 1), generator=generator, device=cdf.device,
+                       dtype=cdf.dtype)
     return _invert_cdf(cdf, u)
 
 
@@ -109,15 +114,15 @@ def speculative_accept(target_probs: torch.Tensor, draft_probs: torch.Tensor,
         raise ValueError(f"draft_probs is on {draft_probs.device} but target_probs on "
                          f"{target_probs.device}")
 
-    wide = _wide(target_probs.device)
+    dtype = wide(target_probs.device)
     tokens = draft_tokens.long().unsqueeze(1)
     p_x = target_probs[:k].gather(1, tokens).squeeze(1)
     q_x = draft_probs.gather(1, tokens).squeeze(1)
-    u = torch.rand(k, generator=generator, device=target_probs.device, dtype=wide)
+    u = torch.rand(k, generator=generator, device=target_probs.device, dtype=dtype)
     # u * q < p rather than u < p / q: no 0/0 when q(x) = p(x) = 0. u's dtype makes it wide.
     n = _leading_run(u * q_x < p_x)
 
-    p_n = target_probs.index_select(0, n).to(wide)
+    p_n = target_probs.index_select(0, n).to(dtype)
     if k == 0:
         weights = p_n
     else:
@@ -180,9 +185,11 @@ def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: 
     return probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """probs [..., V] -> sampled indices [...] (long), by inverse CDF (`_sample_no_sync`)."""
-    return _sample_no_sync(probs, generator)
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+           u: torch.Tensor | None = None) -> torch.Tensor:
+    """probs [..., V] -> sampled indices [...] (long), by inverse CDF (`_sample_no_sync`), on
+    uniforms `u` ([..., 1]) where given."""
+    return _sample_no_sync(probs, generator, u)
 
 
 def emitted_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

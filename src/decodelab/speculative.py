@@ -28,7 +28,7 @@ from .decode import cache_kwarg, new_cache
 from .devices import now
 from .errors import DecodelabError
 from .models import require_finite
-from .sampling import greedy_accept, sample, speculative_accept, warp
+from .sampling import greedy_accept, sample, speculative_accept, warp, wide
 from .theory import alpha_of_calls
 
 
@@ -149,14 +149,52 @@ def pending(seq: list[int], cache: DynamicCache, device) -> torch.Tensor:
     return torch.tensor(seq[cache.get_seq_length():], device=device)
 
 
-def draw(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None
-         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One token ([1], on the logits' device, no host sync) and the distribution it came from;
-    greedy: the argmax alone, a launch where building its one-hot distribution took five."""
+def uniforms(n: int, s: Sampling, generator: torch.Generator | None, device
+             ) -> torch.Tensor | None:
+    """The uniforms of n draws ([n, 1]) in one launch; None in greedy mode, which draws none."""
+    if s.greedy:
+        return None
+    return torch.rand(n, 1, generator=generator, device=device, dtype=wide(device))
+
+
+def draw(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None = None,
+         u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One token ([1], on the logits' device, no host sync) and the distribution it came from,
+    on the uniform `u` ([1]) where given; greedy: the argmax alone, a launch where building its
+    one-hot distribution took five."""
     if s.greedy:
         return logits.argmax(-1, keepdim=True), None
     q = warp(logits, s.temperature, s.top_k, s.top_p)
-    return sample(q, generator).reshape(1), q
+    return sample(q, generator, u).reshape(1), q
+
+
+def draws(step, ids: torch.Tensor, n: int, s: Sampling, u: torch.Tensor | None
+          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Feed `ids`, then draw n tokens, feeding each back but the last; `step` maps ids [T] to
+    the logits [V] of the last. (tokens [n], their distributions [n, V] or None in greedy mode,
+    the logits after `ids`)."""
+    tokens, probs = [], []
+    logits = first = step(ids)
+    for i in range(n):
+        token, q = draw(logits, s, u=None if u is None else u[i])
+        tokens.append(token)
+        probs.append(q)
+        if i < n - 1:
+            logits = step(token)
+    return torch.cat(tokens), None if s.greedy else torch.stack(probs), first
+
+
+def run_draws(model, cache, ids: torch.Tensor, n: int, s: Sampling, u: torch.Tensor | None,
+              spans: Spans, role: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """`draws` on `model`'s cache. A graph engine replays the whole loop, its n passes and
+    draws, as one CUDA graph: a one-layer draft's step is about as short as the host's launches
+    of a pass and a draw, so replaying them one by one would leave the GPU waiting."""
+    fused = getattr(model, "fused", None)
+    if fused is None:
+        return draws(lambda x: spans.feed(role, model, cache, x, keep=1)[-1], ids, n, s, u)
+    with spans.span(role, ids.device):
+        return fused(("draws", len(ids), n, s), lambda x, v: draws(model.step, x, n, s, v),
+                     (ids, u), len(ids) + n - 1, cache)
 
 
 def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
@@ -169,16 +207,8 @@ def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
         vocab = draft.get_output_embeddings().out_features
         return (torch.empty(0, dtype=torch.long, device=ids.device),
                 torch.empty(0, vocab, device=ids.device), None)
-    spans = spans or Spans()
-    tokens, probs = [], []
-    logits = first = spans.feed("draft", draft, cache, ids, keep=1)[-1]
-    for i in range(k):
-        token, q = draw(logits, s, generator)
-        tokens.append(token)
-        probs.append(q)
-        if i < k - 1:
-            logits = spans.feed("draft", draft, cache, token, keep=1)[-1]
-    return torch.cat(tokens), None if s.greedy else torch.stack(probs), first
+    u = uniforms(k, s, generator, ids.device)
+    return run_draws(draft, cache, ids, k, s, u, spans or Spans(), "draft")
 
 
 def verify(target, cache: DynamicCache, ids: torch.Tensor, draft_tokens: torch.Tensor,
@@ -264,14 +294,15 @@ def autoregressive(model, prompt: list[int], budget: int, s: Sampling = GREEDY,
     cache = new_cache(model)
     spans = Spans()
     start = now(device)
+    u = uniforms(budget, s, generator, device)
     logits = first = spans.feed("target", model, cache, torch.tensor(prompt, device=device),
                                 keep=1)[-1]
-    tokens = []
-    for i in range(budget):
-        token, _ = draw(logits, s, generator)
+    token, _ = draw(logits, s, u=None if u is None else u[0])
+    tokens = [token]
+    for i in range(1, budget):
+        token, _, logits = run_draws(model, cache, token, 1, s,
+                                     None if u is None else u[i:i + 1], spans, "target")
         tokens.append(token)
-        if i < budget - 1:
-            logits = spans.feed("target", model, cache, token, keep=1)[-1]
     out = Result(tokens=torch.cat(tokens).tolist(), accepted=[0] * budget)
     out.total_s = now(device) - start
     check_finite({"target": model}, {"target": [first, logits]})
