@@ -75,6 +75,49 @@ def test_static_sampled_autoregressive_equals_eager(pair):
     assert len(set(runs[0])) > 5
 
 
+class Reusing(graphs.Engine):
+    """A graph engine's contract at its worst, off a GPU: each pass overwrites what the engine's
+    earlier passes returned (NaN, token -1), as graphs sharing one memory pool may."""
+
+    def __init__(self, model):
+        super().__init__(model, capture=False)
+        self.returned: list[torch.Tensor] = []
+
+    def fused(self, key, fn, inputs, advance, cache):
+        inputs = tuple(None if x is None else x.clone() for x in inputs)  # the graph's buffers
+        for t in self.returned:
+            t.fill_(float("nan") if t.is_floating_point() else -1)
+        out = super().fused(key, fn, inputs, advance, cache)
+        self.returned = [t for t in (out if isinstance(out, tuple) else (out,))
+                         if isinstance(t, torch.Tensor)]
+        return out
+
+
+def many_sequences_equal_eager(target, draft, engine, s: Sampling) -> None:
+    """Every loop on `engine`, over several K and prompts of two lengths (graphs of each), gives
+    the eager loops' tokens."""
+    t_engine, d_engine = engine(target), engine(draft)
+    device = target.device.type
+    for k, prompt in [(3, PROMPT), (1, PROMPT[:7]), (4, PROMPT), (2, PROMPT[:7])]:
+        runs = [generate(t, d, prompt, 30, k, s, seeded(device, 5), seeded(device, 6))
+                for t, d in [(target, draft), (t_engine, d_engine)]]
+        assert runs[1].tokens == runs[0].tokens
+        assert runs[1].accepted == runs[0].accepted
+        baseline = [autoregressive(m, prompt, 20, s, seeded(device, 3)).tokens
+                    for m in (target, t_engine)]
+        assert baseline[1] == baseline[0]
+    ids = torch.tensor([PROMPT], device=device)
+    assert decode(d_engine, ids, 20).tokens == decode(draft, ids, 20).tokens
+
+
+@pytest.mark.parametrize("s", [Sampling(), SAMPLED])
+def test_loops_read_no_output_past_the_engines_next_pass(pair, s):
+    """The loops use a pass's outputs before the engine's next pass, or copy them: what lets a
+    graph engine run many sequences (the H200's graph study, whose kept first logits a later
+    replay overwrote, stopped at the finite check)."""
+    many_sequences_equal_eager(*pair, Reusing, s)
+
+
 def test_rollback_by_position_hides_stale_slots(pair):
     """Tokens written past the position and then rolled back leave the next logits as a fresh
     cache gives them."""
@@ -196,6 +239,13 @@ def test_graph_draft_replays_a_proposal_at_once(s):
     assert {key[:2] for key in engine.graphs} <= {("draws", len(PROMPT)), ("draws", 1),
                                                   ("draws", 2)}
     assert {key[2] for key in engine.graphs} >= {4}
+
+
+@CUDA
+@pytest.mark.parametrize("s", [Sampling(), SAMPLED])
+def test_graphs_run_many_sequences(s):
+    many_sequences_equal_eager(tiny(2, 64, seed=0, device="cuda"),
+                               tiny(1, 32, seed=1, device="cuda"), graphs.Engine, s)
 
 
 def test_capture_off_a_gpu_is_refused(pair):

@@ -330,6 +330,7 @@ def remeasure(args):
 def verify(args):
     from . import verify as vf
     from .config import Pair, Verification
+    from .devices import set_sdp_backends
     from .io import write_report
 
     pair = typed(Pair, args.pair_spec) if args.level == "real" else None
@@ -341,6 +342,8 @@ def verify(args):
     else:
         gguf = {role: path for role, path in (("target", args.target_gguf),
                                               ("draft", args.draft_gguf)) if path}
+        set_sdp_backends(json.loads(args.sdp_backends) if args.sdp_backends else None,
+                         "speculative.sdp_backends")
         out = vf.run_real(spec, args.pair, pair, args.target_dir, args.draft_dir, spec.seed,
                           gguf)
     write_report(out, args.out)
@@ -731,6 +734,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dir")
     p.add_argument("--pair", help="the configuration's name (level real)")
     p.add_argument("--pair-spec", help="devices and dtype, as JSON (level real)")
+    p.add_argument("--sdp-backends", help="the attention backends allowed, as a JSON list "
+                   "(level real; default: torch's)")
     add_gguf(p)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", required=True)

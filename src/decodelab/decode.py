@@ -97,7 +97,8 @@ def decode(model, prompt: torch.Tensor, budget: int, use_cache: bool = True,
     device = prompt.device
     cache = new_cache(model) if use_cache else None
     start = now(device)
-    logits = prefill_logits = forward_logits(model, prompt, cache)
+    logits = forward_logits(model, prompt, cache)
+    prefill_logits = logits.clone()  # a graph engine's later replays reuse its buffers
     token = next_token(logits, temperature, top_k, top_p, generator)
     prefill_end = now(device)
     out = Decoded(tokens=[], prefill_s=prefill_end - start)

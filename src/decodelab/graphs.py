@@ -142,7 +142,8 @@ class Engine:
         (through `run` or `step`) and may do device work of its own between passes: one graph
         per `key` (which must name every shape and constant fn depends on), so that a loop of
         passes and draws costs the host one replay. Its outputs are the graph's buffers, valid
-        until the same key runs again."""
+        until the engine's next pass: the graphs share one memory pool, so a graph captured
+        earlier may replay over a later one's outputs."""
         if cache is not self.slots:
             raise DecodelabError("a graph engine serves one sequence at a time: use the cache "
                                  "of its latest new_cache()")
@@ -163,8 +164,8 @@ class Engine:
     def forward(self, input_ids: torch.Tensor, use_cache: bool = True,
                 past_key_values: Slots | None = None, logits_to_keep: int = 0):
         """Logits ([1, T, V]) of the last `logits_to_keep` positions of `input_ids` ([1, T]; 0:
-        all) after what `past_key_values` holds. The logits of a graph are its output buffer,
-        valid until the same shape runs again."""
+        all) after what `past_key_values` holds: a graph's buffer, valid until the engine's next
+        pass (`fused`)."""
         if past_key_values is None:
             return self.model(input_ids=input_ids, use_cache=False, logits_to_keep=logits_to_keep)
         n = input_ids.shape[1]

@@ -226,9 +226,10 @@ def verify(target, cache: DynamicCache, ids: torch.Tensor, draft_tokens: torch.T
 
 
 def keep_ends(kept: list, logits: torch.Tensor | None) -> None:
-    """Keep the first and the latest logits of a model (no device work: a reference)."""
+    """Keep the first and the latest logits of a model: the latest as a reference, the first as
+    a copy (one launch per sequence), since a graph engine's later replays reuse its buffers."""
     if logits is not None:
-        kept[1:] = [logits]
+        kept[1:] = [logits] if kept else [logits.clone()]
 
 
 def check_finite(by_role: dict, kept: dict) -> None:
@@ -295,14 +296,14 @@ def autoregressive(model, prompt: list[int], budget: int, s: Sampling = GREEDY,
     spans = Spans()
     start = now(device)
     u = uniforms(budget, s, generator, device)
-    logits = first = spans.feed("target", model, cache, torch.tensor(prompt, device=device),
-                                keep=1)[-1]
+    logits = spans.feed("target", model, cache, torch.tensor(prompt, device=device), keep=1)[-1]
+    first = logits.clone()  # a graph engine's later replays reuse its buffers
     token, _ = draw(logits, s, u=None if u is None else u[0])
     tokens = [token]
     for i in range(1, budget):
         token, _, logits = run_draws(model, cache, token, 1, s,
                                      None if u is None else u[i:i + 1], spans, "target")
-        tokens.append(token)
+        tokens.append(token.clone())  # a graph's output buffer: the next replay overwrites it
     out = Result(tokens=torch.cat(tokens).tolist(), accepted=[0] * budget)
     out.total_s = now(device) - start
     check_finite({"target": model}, {"target": [first, logits]})

@@ -140,11 +140,14 @@ def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: Specu
     grid = make_grid(spec, hf_peer(pair))
     shuffle_seed = spec.seed + 7919 * repeat
     random.Random(shuffle_seed).shuffle(grid)
-    # Warm-up, untimed; a graph engine at every K, so that it has captured each shape.
-    ks = spec.ks if isinstance(target, graphs.Engine) else [2]
-    warm_up = [("speculative", k) for k in ks]
-    for method, k in [*warm_up, ("autoregressive", 0), ("autoregressive_stepped", 0)]:
-        METHODS[method](target, draft, prompts[0], {"mode": spec.modes[0], "k": k}, spec, 0)
+    # Warm-up, untimed; a graph engine at every K and mode, so that it has captured each graph.
+    graphed = isinstance(target, graphs.Engine) or isinstance(draft, graphs.Engine)
+    ks, modes = (spec.ks, spec.modes) if graphed else ([2], spec.modes[:1])
+    warm_up = [("speculative", k, mode) for mode in modes for k in ks]
+    baselines = [(method, 0, mode) for mode in modes
+                 for method in ("autoregressive", "autoregressive_stepped")]
+    for method, k, mode in [*warm_up, *baselines]:
+        METHODS[method](target, draft, prompts[0], {"mode": mode, "k": k}, spec, 0)
     rows = []
     desc = f"speculative {pair_name} rep{repeat}"
     for order, cfg in enumerate(tqdm(grid, desc=desc, disable=not progress, mininterval=1)):

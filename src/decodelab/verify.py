@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from . import equivalence as eq
-from . import longctx, models, tables
+from . import graphs, longctx, models, tables
 from .config import GREEDY, LongVerificationJob, Pair, Verification
 from .errors import DecodelabError
 from .llamacpp import load_role
@@ -144,15 +144,18 @@ def run_monte_carlo(spec: Verification) -> dict:
 
 def run_real(spec: Verification, pair_name: str, pair: Pair, target_dir: str, draft_dir: str,
              seed: int, gguf: dict[str, str] | None = None) -> dict:
-    """Level 3 on one draft/target configuration: both tests at full size, greedy agreement,
-    and power over seeds at `power_tokens`. A role the pair runs in llama.cpp loads its GGUF
-    file (`gguf`: role -> path), so the sampled mode of a quantized pair is checked the same way."""
-    real = spec.real
+    """Level 3 on one draft/target configuration, in its engine (eager or CUDA graphs): both
+    tests at full size, greedy agreement, and power over seeds at `power_tokens`. A role the
+    pair runs in llama.cpp loads its GGUF file (`gguf`: role -> path), so the sampled mode of a
+    quantized pair is checked the same way."""
+    real, prompt_len = spec.real, 32
     roles = asdict(pair) | {f"{role}_gguf": path for role, path in (gguf or {}).items()}
-    target, draft = (load_role(d, roles, role) for d, role in ((target_dir, "target"),
-                                                                (draft_dir, "draft")))
-    prompts = heldout_prompts(target_dir, real.prompts, 32, seed)
-    greedy_prompts = heldout_prompts(target_dir, real.greedy_prompts, 32, seed + 1)
+    target, draft = (graphs.engine(load_role(d, roles, role), pair.engine,
+                                   f"speculative.pairs.{pair_name}.engine",
+                                   prompt_len + real.budget)
+                     for d, role in ((target_dir, "target"), (draft_dir, "draft")))
+    prompts = heldout_prompts(target_dir, real.prompts, prompt_len, seed)
+    greedy_prompts = heldout_prompts(target_dir, real.greedy_prompts, prompt_len, seed + 1)
     return {"level": 3, "pair": pair_name,
             **level_three(spec, pair_name, target, draft, prompts, greedy_prompts)}
 

@@ -257,6 +257,12 @@ def pair_gguf(role):
     return gguf
 
 
+def sdp_arg(wildcards):
+    """Level 3 on a pair meets attention as its speculative runs do."""
+    allowed = SPEC.sdp_backends
+    return f"--sdp-backends {as_arg(list(allowed))}" if allowed else ""
+
+
 def gguf_args(wildcards, input):
     return " ".join(
         f"--{role}-gguf {input[f'{role}_gguf']}"

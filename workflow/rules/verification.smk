@@ -65,10 +65,11 @@ rule verify_real:
         spec=as_arg(VERIFY.job_spec()),
         pair=lambda wc: as_arg(PAIRS[wc.pair].job_spec()),
         gguf=gguf_args,
+        sdp=sdp_arg,
     shell:
         "decodelab verify --level real --spec {params.spec} --target-dir {input.target}"
         " --draft-dir {input.draft} --pair {wildcards.pair} --pair-spec {params.pair}"
-        " {params.gguf} --threads {threads} --out {output} 2> {log}"
+        " {params.gguf} {params.sdp} --threads {threads} --out {output} 2> {log}"
 
 
 # The long-context pair (config 'long.verification'): the target verifying on its full cache,

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The H200 reference run: the Snakemake DAG of config/gpu.yaml up to the per-host statistics and
 # figures (no TeX there), resumable across calls on the same machine, one GPU job per GPU
-# (`--resources gpu=N`, decodelab takes a free device in each job). Usage: run.sh SECONDS [pair]
-# With `pair`, only the trained pair's jobs (speculative, eager and graph, parallelism, verification).
+# (`--resources gpu=N`, decodelab takes a free device in each job).
+# Usage: run.sh SECONDS [pair [JOB...]]. With `pair`, only the trained pair's jobs (speculative,
+# eager and graph, parallelism, verification); JOBs (outputs under results/cuda-h200/) pick
+# which of them, in order.
 set -uo pipefail
 deadline=$((SECONDS + ${1:-560}))
 [ -d /tmp/site/snakemake ] || python3 -m pip install -q --no-index --no-deps --no-compile \
@@ -21,11 +23,17 @@ models=$(python3 -c "import yaml; print(' '.join('results/models/'+m for m in ya
 [ "${2:-}" = pair ] && models="results/models/target results/models/draft"
 h=results/cuda-h200
 sm $models 2>&1 | grep -v "^\s*$" | tail -n 30        # models first: nothing is timed beside them
+for m in $models; do python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
+print(sys.argv[1], 'held-out', d.get('heldout_loss'), 'train s', d.get('train_seconds'))" \
+  $m/decodelab.json 2>/dev/null; done
 # The trained pair's jobs next, all on this machine (a pair trained again would differ), the
 # cheap timed ones first: level 3 alone takes minutes, and a call cut short keeps what finished.
-sm $h/speculative/{cuda-cuda-graph,cuda-cuda}/rep{0,1}.parquet 2>&1 | tail -n 30
-sm $h/cuda/parallelism/target/rep{0,1}.parquet $h/speculative/cpu-cuda/rep{0,1}.parquet 2>&1 | tail -n 30
-sm $h/verification/real_cuda-cuda.json 2>&1 | tail -n 30
+jobs=("${@:3}")
+[ ${#jobs[@]} -gt 0 ] || jobs=(speculative/{cuda-cuda-graph,cuda-cuda}/rep{0,1}.parquet
+  "cuda/parallelism/target/rep0.parquet cuda/parallelism/target/rep1.parquet"
+  speculative/cpu-cuda/rep{0,1}.parquet verification/real_cuda-cuda-graph.json
+  verification/real_cuda-cuda.json)
+for job in "${jobs[@]}"; do sm $(printf "$h/%s " $job) 2>&1 | tail -n 30; done
 if [ "${2:-}" != pair ]; then
   sm $h/runs.parquet 2>&1 | tail -n 30                # the sweeps
   sm --omit-from paper 2>&1 | tail -n 40              # statistics and figures
