@@ -8,9 +8,10 @@ from functools import partial
 import pytest
 from llama import tiny_llama, tokens
 
-from decodelab import cli, sources, verify
+from decodelab import cli, graphs, sources, verify
 from decodelab import equivalence as eq
 from decodelab.config import Pair, Verification
+from decodelab.errors import DecodelabError
 from decodelab.io import read_report
 from decodelab.longctx import first_draft_log_probs
 from decodelab.sparse_kv import Policy
@@ -63,6 +64,28 @@ def test_real_level_reports_both_tests_greedy_and_power(tiny_pair):
     again = eq.two_sample_test(samples["autoregressive"], samples["correct"],
                                spec.real.top, spec.real.budget)
     assert again["chi2"] == pytest.approx(chi[0]["statistic"])
+
+
+def test_real_level_runs_in_the_pairs_engine(tiny_pair, monkeypatch):
+    """Level 3 checks the engine the pair times: a graph pair's models reach it through
+    `graphs.engine` (off a GPU: refused by key, or uncaptured here), and its samples equal the
+    eager engine's draw for draw."""
+    spec = replace(SPEC, real=replace(SPEC.real, tokens=64, power_tokens=32, greedy_prompts=2))
+    graph_pair = replace(PAIR, engine="graph")
+    with pytest.raises(DecodelabError, match="'speculative.pairs.cpu-graph.engine'.*CUDA"):
+        verify.run_real(spec, "cpu-graph", graph_pair, *tiny_pair, seed=0)
+    engines = []
+
+    def uncaptured(model, name, key, max_len=None):
+        engines.append((name, key, max_len))
+        return graphs.Engine(model, capture=False, max_len=max_len)
+
+    monkeypatch.setattr(verify.graphs, "engine", uncaptured)
+    static = verify.run_real(spec, "cpu-graph", graph_pair, *tiny_pair, seed=0)
+    assert engines == [("graph", "speculative.pairs.cpu-graph.engine", 32 + spec.real.budget)] * 2
+    monkeypatch.undo()
+    eager = verify.run_real(spec, "cpu-cpu", PAIR, *tiny_pair, seed=0)
+    assert static["samples"] == eager["samples"]
 
 
 def test_samples_drawn_in_two_processes_equal_those_drawn_in_one(one_thread):

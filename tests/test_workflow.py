@@ -74,6 +74,17 @@ def test_sweep_attention_backends_reach_the_sweep_jobs_and_bad_ones_are_rejected
     assert out.returncode != 0 and "cudnnn" in out.stderr + out.stdout
 
 
+def test_speculative_attention_backends_reach_level_three(workdir):
+    base = yaml.safe_load((ROOT / "config.yaml").read_text())
+    out = snakemake(workdir, "-n", "-p", "--configfile", str(write_config(workdir)))
+    assert "decodelab verify --level real" in out.stdout and "--sdp-backends" not in out.stdout
+    speculative = base["speculative"] | {"sdp_backends": ["flash", "math"]}
+    out = snakemake(workdir, "-n", "-p", "--configfile",
+                    str(write_config(workdir, speculative=speculative)))
+    real = [line for line in out.stdout.splitlines() if "verify --level real" in line]
+    assert real and all("""--sdp-backends '["flash", "math"]'""" in line for line in real)
+
+
 def test_budget_past_the_position_table_is_rejected_before_any_job(workdir):
     sweep = yaml.safe_load((ROOT / "config.yaml").read_text())["sweep"] | {"budgets": [8, 1020]}
     out = snakemake(workdir, "-n", "--configfile", str(write_config(workdir, sweep=sweep)),

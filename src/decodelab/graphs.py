@@ -5,7 +5,12 @@ captured once in a CUDA graph and replayed after that, as gpt-fast decodes.
 pass on token ids, a KV cache with `get_seq_length` and `crop`, `config`, `device`. So the
 speculative loop (the draft's one-token steps, the target's K+1-token verification), the
 autoregressive baseline and `decode.decode` run on it unchanged; `decode.new_cache` asks the
-engine for its cache.
+engine for its cache. `fused` records a loop of passes and the device work between them as one
+graph: a proposal's K draft passes and draws (`speculative.run_draws`) cost the host one replay.
+
+Every graph of an engine shares one memory pool, so a pass's outputs are valid only until the
+engine's next pass: a graph captured earlier may replay over a later one's outputs. The loops
+use what a pass returns before the next, or copy it.
 
 The cache's write position lives on the device (each `StaticLayer` keeps a `cumulative_length`
 tensor that its `update` reads and advances in place), so one captured graph serves every
