@@ -53,6 +53,7 @@ def test_static_greedy_speculative_equals_eager(pair, k):
     ours = generate(static(target), static(draft), PROMPT, 48, k)
     assert ours.tokens == eager.tokens
     assert ours.accepted == eager.accepted
+    assert (ours.draft_prefill_passes, eager.draft_prefill_passes) == (k, 1)  # one span each
     assert 0 in eager.accepted or min(eager.accepted) < k  # a rejection, so a rollback ran
     assert max(eager.accepted) > 0  # and an acceptance
 

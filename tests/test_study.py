@@ -57,13 +57,15 @@ def test_study_tables_are_consistent(runs):
     assert theory["alpha"].between(0, 1).all() and (theory["cost_ratio"] > 0).all()
 
 
-def test_the_theory_prices_verification_at_what_the_runs_measured():
+@pytest.mark.parametrize("first_span", [1, 4])
+def test_the_theory_prices_verification_at_what_the_runs_measured(first_span):
     """A toy process: the baseline's passes take 2 ms, a K=4 verification 3 ms (1.5 steps), the
     draft's steps 0.4 ms (c = 0.2) in its own loop but 0.5 ms (1.25 steps) in the speculative
     one; 3 tokens per call. Leviathan prices the verification at one step and the draft's at
     its own loop's; `predicted_verify` the verification at the measured 1.5, `predicted_passes`
     both passes as measured, and the measured speedup of a run that costs exactly that is
-    matched by it alone."""
+    matched by it alone. The draft's first span holds its prompt pass (4 ms) and, where a graph
+    engine replays a proposal at once, that proposal's other passes."""
     budget, calls = 30, 10  # 3 tokens per call at K = 4
     spec_s = calls * (4 * 0.5e-3 + 3e-3)
     rows = [  # total, prefill and forward time per method; steps of the engine's own loop
@@ -75,8 +77,9 @@ def test_the_theory_prices_verification_at_what_the_runs_measured():
         {"method": "speculative", "k": 4, "total_s": spec_s, "prefill_s": 3e-3,
          "verify_s": calls * 3e-3, "target_calls": calls, "tokens": [0] * budget,
          "accepted": [2] * calls, "proposals": [4] * calls, "proposed": 4 * calls,
-         "draft_s": 4e-3 + (4 * calls - 1) * 0.5e-3, "draft_prefill_s": 4e-3,
-         "draft_forwards": 4 * calls}]
+         "draft_s": 4e-3 + (4 * calls - 1) * 0.5e-3,
+         "draft_prefill_s": 4e-3 + (first_span - 1) * 0.5e-3,
+         "draft_prefill_passes": first_span, "draft_forwards": 4 * calls}]
     runs = pd.DataFrame([{"pair": "p", "repeat": r, "mode": "greedy", "prompt": 0, **row}
                          for r in range(2) for row in rows])
     runs["tokens"] = [t if isinstance(t, list) else [0] * budget for t in runs["tokens"]]

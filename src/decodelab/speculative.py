@@ -43,7 +43,8 @@ class Result:
     verify_s: float = 0.0  # inside the target's forward passes
     total_s: float = 0.0
     prefill_s: float = 0.0  # inside the target's first forward pass (the prompt)
-    draft_prefill_s: float = 0.0  # inside the draft's first forward pass (the prompt)
+    draft_prefill_s: float = 0.0  # inside the draft's first span: its prompt pass, and ...
+    draft_prefill_passes: int = 1  # ... the passes after it that a graph engine replays at once
 
     @property
     def target_calls(self) -> int:
@@ -101,9 +102,12 @@ class Spans:
 
     def __init__(self):
         self.spans: dict[str, list] = defaultdict(list)
+        self.passes: dict[str, list[int]] = defaultdict(list)
 
     @contextmanager
-    def span(self, role: str, device: torch.device) -> Iterator[None]:
+    def span(self, role: str, device: torch.device, passes: int = 1) -> Iterator[None]:
+        """Time what runs inside as `passes` forward passes of `role`."""
+        self.passes[role].append(passes)
         if device.type == "cuda":
             start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             start.record()
@@ -192,7 +196,7 @@ def run_draws(model, cache, ids: torch.Tensor, n: int, s: Sampling, u: torch.Ten
     fused = getattr(model, "fused", None)
     if fused is None:
         return draws(lambda x: spans.feed(role, model, cache, x, keep=1)[-1], ids, n, s, u)
-    with spans.span(role, ids.device):
+    with spans.span(role, ids.device, passes=n):
         return fused(("draws", len(ids), n, s), lambda x, v: draws(model.step, x, n, s, v),
                      (ids, u), len(ids) + n - 1, cache)
 
@@ -280,7 +284,9 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     check_finite({"target": target, "draft": draft}, kept)
     out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
     out.prefill_s = spans.first("target")
-    out.draft_prefill_s = spans.first("draft") if spans.spans["draft"] else 0.0
+    if spans.spans["draft"]:
+        out.draft_prefill_s = spans.first("draft")
+        out.draft_prefill_passes = spans.passes["draft"][0]
     out.tokens = seq[len(prompt):]
     return out
 

@@ -185,10 +185,12 @@ def spec_per_process(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def draft_pass_s(runs: pd.DataFrame) -> pd.Series:
-    """Time of one draft pass after the prompt's in a speculative run, inside the forward pass:
-    each follows a verification or another draft pass, where the draft's own loop (its
-    `pass_s`) follows only its own passes."""
-    passes = runs["draft_forwards"] - 1
+    """Time of one draft pass after the first span's in a speculative run, inside the forward
+    pass: each follows a verification or another draft pass, where the draft's own loop (its
+    `pass_s`) follows only its own passes. The first span is the prompt's pass, and with a graph
+    engine the rest of its proposal (`draft_prefill_passes`; rows from before it: one)."""
+    first = runs["draft_prefill_passes"] if "draft_prefill_passes" in runs else 1
+    passes = runs["draft_forwards"] - first
     return (runs["draft_s"] - runs["draft_prefill_s"]) / passes.where(passes > 0)
 
 

@@ -33,7 +33,8 @@ def generators(device: str, seed: int) -> torch.Generator:
 def engine_columns(out: Result) -> dict:
     """Where a run's time went: forward passes, the prompt's, and the engine's own overhead."""
     return {"total_s": out.total_s, "prefill_s": out.prefill_s, "draft_s": out.draft_s,
-            "draft_prefill_s": out.draft_prefill_s, "verify_s": out.verify_s,
+            "draft_prefill_s": out.draft_prefill_s,
+            "draft_prefill_passes": out.draft_prefill_passes, "verify_s": out.verify_s,
             "overhead_s": out.overhead_s, "overhead_share": out.overhead_share,
             "overhead_per_call_s": out.overhead_s / out.target_calls}
 
