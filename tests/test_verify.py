@@ -2,9 +2,10 @@
 and each wrong rule is rejected where the level has the power to."""
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 
+import numpy as np
 import pytest
 from llama import tiny_llama, tokens
 
@@ -86,6 +87,21 @@ def test_real_level_runs_in_the_pairs_engine(tiny_pair, monkeypatch):
     monkeypatch.undo()
     eager = verify.run_real(spec, "cpu-cpu", PAIR, *tiny_pair, seed=0)
     assert static["samples"] == eager["samples"]
+
+
+def test_spawned_workers_load_the_pair_and_draw_what_one_process_draws(tiny_pair):
+    """Where a fork cannot carry the models (CUDA), level 3's samples come from spawned
+    processes that load the pair again: the same tokens and log ratios as drawn in this one."""
+    load = partial(verify.load_pair, *tiny_pair, asdict(PAIR), "speculative.pairs.p.engine", 48)
+    target, draft = load()
+    prompts = [tokens(6, seed=s, vocab=target.config.vocab_size) for s in range(2)]
+    keys = [(m, 1) for m in eq.METHODS]
+    here = [eq.Samples(target, draft, prompts, 24, 2, 8)(key) for key in keys]
+    spawned = eq.in_spawned(partial(eq.loaded_samples, load, prompts, 24, 2, 8), keys, 2)
+    assert [t for t, _ in spawned] == [t for t, _ in here]
+    assert len(set(here[0][0])) > 3  # sampled text, not one repeated token
+    for (_, a), (_, b) in zip(spawned, here, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_samples_drawn_in_two_processes_equal_those_drawn_in_one(one_thread):

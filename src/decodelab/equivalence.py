@@ -29,11 +29,12 @@ import multiprocessing
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from functools import cache
+from functools import cache, partial
 
 import numpy as np
 import torch
 from scipy import stats
+from tqdm import tqdm
 
 from .config import Sampling
 from .decode import decode, first_divergence, margin
@@ -599,19 +600,26 @@ def block_level(target: Model, draft: Model, k: int, m: int, n: int, clip: bool 
     return lambda sampler, seed: monte_carlo_block(sampler, target, draft, k, m, n, seed, clip)
 
 
-_TASK: Callable | None = None  # `in_processes`' function: set before the fork, inherited
+_TASK: Callable | None = None  # the workers' function: inherited by a fork, built in a spawn
 
 
 def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+def _build_task(make: Callable[[], Callable]) -> None:
+    global _TASK
+    _one_thread()
+    _TASK = make()
+
+
 def _run_task(key):
     return _TASK(key)
 
 
-def in_processes(fn: Callable, keys: list, workers: int) -> list:
-    """[fn(key) for key in keys], in `workers` forked processes of one CPU thread each.
+def in_processes(fn: Callable, keys: list, workers: int, desc: str | None = None) -> list:
+    """[fn(key) for key in keys], in `workers` forked processes of one CPU thread each (a
+    progress bar named `desc` where given).
 
     Sampling one sequence at a time from a small model gains almost nothing from torch's
     intra-op threads, while independent samples split over processes run side by side. `fn`
@@ -620,25 +628,76 @@ def in_processes(fn: Callable, keys: list, workers: int) -> list:
     """
     global _TASK
     if workers <= 1 or len(keys) <= 1 or sys.platform != "linux":
-        return [fn(key) for key in keys]
+        return [fn(key) for key in progress(keys, desc)]
     _TASK = fn
     try:
         with multiprocessing.get_context("fork").Pool(workers, initializer=_one_thread) as pool:
-            return pool.map(_run_task, keys, chunksize=1)
+            return list(progress(pool.imap(_run_task, keys, chunksize=1), desc, len(keys)))
     finally:
         _TASK = None
 
 
+def in_spawned(make: Callable[[], Callable], keys: list, workers: int,
+               desc: str | None = None) -> list:
+    """[make()(key) for key in keys], in `workers` spawned processes that each build the
+    function once with `make` (picklable): for models a fork cannot carry, such as CUDA ones,
+    whose eager loop is bound by the host's launches, so processes sharing one GPU add up."""
+    if workers <= 1 or len(keys) <= 1:
+        fn = make()
+        return [fn(key) for key in progress(keys, desc)]
+    with multiprocessing.get_context("spawn").Pool(workers, initializer=_build_task,
+                                                   initargs=(make,)) as pool:
+        return list(progress(pool.imap(_run_task, keys, chunksize=1), desc, len(keys)))
+
+
+def progress(items, desc: str | None, total: int | None = None):
+    return tqdm(items, desc=desc, total=total, disable=desc is None, mininterval=2)
+
+
+def device_type(model) -> str | None:
+    """'cpu', 'cuda' or 'mps' for a PyTorch model or a graph engine; None for anything else (a
+    llama.cpp engine)."""
+    if isinstance(model, torch.nn.Module):
+        return device_of(model).type
+    return getattr(getattr(model, "device", None), "type", None)
+
+
+class Samples:
+    """(method, seed) -> (its `sample_tokens`, their `sequence_log_ratios`): one level-3 sample
+    and its statistic, deterministic in the key."""
+
+    def __init__(self, target, draft, prompts: Sequence[Sequence[int]], n_tokens: int, k: int,
+                 budget: int, speculate: Speculate = generate, draft_law: LogProbs | None = None):
+        self.target, self.draft, self.prompts = target, draft, prompts
+        self.n_tokens, self.k, self.budget = n_tokens, k, budget
+        self.speculate, self.draft_law = speculate, draft_law
+
+    def __call__(self, key: tuple[str, int]) -> tuple[tuple[int, ...], np.ndarray]:
+        method, seed = key
+        tokens = tuple(sample_tokens(self.target, self.draft, self.prompts, self.n_tokens,
+                                     method, self.k, seed, self.budget, self.speculate))
+        return tokens, sequence_log_ratios(self.target, self.draft, self.prompts, tokens,
+                                           self.budget, self.draft_law)
+
+
+def loaded_samples(load: Callable[[], tuple], *args, **kwargs) -> Samples:
+    """`Samples` on the models `load()` returns: what a spawned worker builds."""
+    return Samples(*load(), *args, **kwargs)
+
+
 def real_model_levels(target, draft, prompts: Sequence[Sequence[int]], n_tokens: int, k: int,
                       budget: int = 64, top: int = 200, speculate: Speculate = generate,
-                      draft_law: LogProbs | None = None) -> dict[str, Callable]:
+                      draft_law: LogProbs | None = None,
+                      load: Callable[[], tuple] | None = None) -> dict[str, Callable]:
     """Level 3 at a seed, both tests: `two_sample_test` ("chi2") and `welch` on the sequences'
     log ratios ("log_ratio", its q from `draft_law` where given). Each (method, seed) sample of
     n_tokens and its log ratios are computed once and shared, so the autoregressive sample of a
     seed serves every rule and both tests. "prefetch"(keys, workers) computes many of them at once,
-    in `workers` processes where both models are on the CPU (`in_processes`)."""
+    in `workers` processes: forked where both models are on the CPU (`in_processes`), spawned
+    where they are on a CUDA device and `load` (picklable) loads them again (`in_spawned`)."""
     samples: dict[tuple[str, int], tuple[int, ...]] = {}
     log_ratios: dict[tuple[str, int], np.ndarray] = {}
+    both = Samples(target, draft, prompts, n_tokens, k, budget, speculate, draft_law)
 
     def tokens(method: str, seed: int) -> tuple[int, ...]:
         if (method, seed) not in samples:
@@ -652,16 +711,19 @@ def real_model_levels(target, draft, prompts: Sequence[Sequence[int]], n_tokens:
                                                            tokens(method, seed), budget, draft_law)
         return log_ratios[method, seed]
 
-    def both(key: tuple[str, int]) -> tuple[tuple[int, ...], np.ndarray]:
-        return tokens(*key), ratios(*key)
-
     def prefetch(keys: Sequence[tuple[str, int]], workers: int) -> None:
         todo = [key for key in dict.fromkeys(keys) if key not in log_ratios]
-        # PyTorch models on the CPU only: a llama.cpp engine's threads do not survive a fork
-        forkable = all(isinstance(m, torch.nn.Module) and device_of(m).type == "cpu"
-                       for m in (target, draft))
-        for key, (toks, r) in zip(todo, in_processes(both, todo, workers if forkable else 1),
-                                  strict=True):
+        devices = {device_type(m) for m in (target, draft)}
+        # A llama.cpp engine's threads do not survive a fork, nor CUDA; MPS stays serial
+        desc = f"level 3 samples of {n_tokens} tokens"
+        if devices == {"cpu"}:
+            done = in_processes(both, todo, workers, desc)
+        elif devices == {"cuda"} and load is not None and draft_law is None:
+            done = in_spawned(partial(loaded_samples, load, prompts, n_tokens, k, budget,
+                                      speculate), todo, workers, desc)
+        else:
+            done = [both(key) for key in progress(todo, desc)]
+        for key, (toks, r) in zip(todo, done, strict=True):
             samples[key], log_ratios[key] = toks, r
 
     def chi2(sampler: str, seed: int) -> dict:

@@ -73,13 +73,13 @@ def monte_carlo_levels(spec: Verification) -> dict:
 
 
 def real_levels(spec: Verification, target, draft, prompts, n_tokens: int, seeds: Sequence[int],
-                speculate: eq.Speculate = generate, draft_law: eq.LogProbs | None = None
-                ) -> tuple[dict, Callable]:
+                speculate: eq.Speculate = generate, draft_law: eq.LogProbs | None = None,
+                load: Callable[[], tuple] | None = None) -> tuple[dict, Callable]:
     """Both level-3 tests by check name, and the (method, seed) -> tokens sampler they share;
     every method's sample at `seeds` drawn up front, in as many processes as torch has CPU
-    threads (`equivalence.in_processes`)."""
+    threads (`equivalence.real_model_levels`' prefetch; `load` loads the models in each)."""
     levels = eq.real_model_levels(target, draft, prompts, n_tokens, spec.k, spec.real.budget,
-                                  spec.real.top, speculate, draft_law)
+                                  spec.real.top, speculate, draft_law, load)
     levels["prefetch"]([(m, s) for s in seeds for m in eq.METHODS], torch.get_num_threads())
     return ({"two-sample chi-square": levels["chi2"], "log-ratio t-test": levels["log_ratio"]},
             levels["tokens"])
@@ -142,6 +142,13 @@ def run_monte_carlo(spec: Verification) -> dict:
     return {"level": 2, "results": results, "power": power, "pvalues": pvalues}
 
 
+def load_pair(target_dir: str, draft_dir: str, roles: dict, key: str, max_len: int) -> tuple:
+    """A configuration's target and draft in its engine (eager, or CUDA graphs holding
+    `max_len` tokens); `key` names the engine's config key in errors."""
+    return tuple(graphs.engine(load_role(d, roles, role), roles["engine"], key, max_len)
+                 for d, role in ((target_dir, "target"), (draft_dir, "draft")))
+
+
 def run_real(spec: Verification, pair_name: str, pair: Pair, target_dir: str, draft_dir: str,
              seed: int, gguf: dict[str, str] | None = None) -> dict:
     """Level 3 on one draft/target configuration, in its engine (eager or CUDA graphs): both
@@ -150,25 +157,25 @@ def run_real(spec: Verification, pair_name: str, pair: Pair, target_dir: str, dr
     quantized pair is checked the same way."""
     real, prompt_len = spec.real, 32
     roles = asdict(pair) | {f"{role}_gguf": path for role, path in (gguf or {}).items()}
-    target, draft = (graphs.engine(load_role(d, roles, role), pair.engine,
-                                   f"speculative.pairs.{pair_name}.engine",
-                                   prompt_len + real.budget)
-                     for d, role in ((target_dir, "target"), (draft_dir, "draft")))
+    load = partial(load_pair, target_dir, draft_dir, roles,
+                   f"speculative.pairs.{pair_name}.engine", prompt_len + real.budget)
+    target, draft = load()
     prompts = heldout_prompts(target_dir, real.prompts, prompt_len, seed)
     greedy_prompts = heldout_prompts(target_dir, real.greedy_prompts, prompt_len, seed + 1)
     return {"level": 3, "pair": pair_name,
-            **level_three(spec, pair_name, target, draft, prompts, greedy_prompts)}
+            **level_three(spec, pair_name, target, draft, prompts, greedy_prompts, load=load)}
 
 
 def level_three(spec: Verification, pair_name: str, target, draft, prompts, greedy_prompts,
-                speculate=generate, draft_law: eq.LogProbs | None = None) -> dict:
+                speculate=generate, draft_law: eq.LogProbs | None = None,
+                load: Callable[[], tuple] | None = None) -> dict:
     """Level 3's report on one pair: both tests at `spec.real.tokens` for every rule, the token
     table, greedy agreement on `greedy_prompts`, power over seeds at `power_tokens`, and the
     full-size samples themselves (so any test can be recomputed from the report).
     `speculate` and `draft_law` (the log-ratio test's q): `real_model_levels`'."""
     real = spec.real
     full, samples = real_levels(spec, target, draft, prompts, real.tokens, [0], speculate,
-                                draft_law)
+                                draft_law, load)
     results, tokens = [], []
     for sampler in eq.SAMPLERS:
         chi = full["two-sample chi-square"](sampler, 0)
@@ -181,7 +188,7 @@ def level_three(spec: Verification, pair_name: str, target, draft, prompts, gree
                            lr["p_value"], None, pair_name))
     greedy = eq.greedy_agreement(target, draft, greedy_prompts, real.budget, spec.k, speculate)
     small, _ = real_levels(spec, target, draft, prompts, real.power_tokens, power_seeds(spec),
-                           speculate, draft_law)
+                           speculate, draft_law, load)
     power, pvalues = power_rows(small, spec, 3, real.power_tokens, pair_name)
     margins = [d["margin"] for d in greedy["divergences"]]
     return {"results": results, "power": power, "pvalues": pvalues, "tokens": tokens,

@@ -179,6 +179,12 @@ def job_threads(wildcards):
     return workflow.cores if "cpu" in job_devices(wildcards) else 1
 
 
+def verify_threads(wildcards):
+    """Level 3 times nothing, and on a GPU its eager loop is bound by the host's launches: up to
+    four processes share the device (`equivalence.in_spawned`)."""
+    return workflow.cores if "cpu" in job_devices(wildcards) else min(workflow.cores, 4)
+
+
 # A device job's resources: a unit of each accelerator it runs on and the GPU model a CUDA job
 # asks a cluster for. A job that times nothing (verification) holds these alone.
 DEVICE_RESOURCES = dict(

@@ -58,7 +58,7 @@ rule verify_real:
         job_conda_env
     container:
         job_container
-    threads: job_threads
+    threads: verify_threads
     resources:
         **DEVICE_RESOURCES,
     params:
