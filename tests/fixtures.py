@@ -274,7 +274,19 @@ def write_spec_stats(stats_dir: Path, pairs=("cpu-mps", "cpu-cpu", "mps-mps"),
     pd.DataFrame(parallelism_rows(backends)).to_csv(stats_dir / "speculative_parallelism.csv",
                                                     index=False)
     pd.DataFrame(models_rows()).to_csv(stats_dir / "models.csv", index=False)
+    pd.DataFrame([floor_row(pair, role) for pair in pairs for role in ("target", "draft")]
+                 ).to_csv(stats_dir / "speculative_floor.csv", index=False)
     return stats_dir
+
+
+def floor_row(pair: str, role: str) -> dict:
+    """A model's greedy step alone at 3x (target) or 5x (draft) its bandwidth floor."""
+    device = pair.split("-")[role == "target"]
+    nbytes, bandwidth = (4e8, 1e10) if role == "target" else (4e7, 1e10)
+    floor_s, over = nbytes / bandwidth, 3.0 if role == "target" else 5.0
+    return {"pair": pair, "role": role, "model": role, "device": device, "engine": "eager",
+            "step_s": over * floor_s, "weight_bytes": nbytes, "bandwidth": bandwidth,
+            "floor_s": floor_s, "over_floor": over, "n": 2}
 
 
 # equivalence verification: the tables of the verification_stats rule

@@ -275,7 +275,7 @@ def test_write_generated_all_files(stats_gen):
                      "tab_power.tex", "tab_hosts.tex", "tab_reference.tex",
                      "tab_benchmarks.tex", "tab_regime_depth.tex", "tab_quantized.tex",
                      "tab_quantized_peer.tex", "tab_long.tex", "tab_batched.tex",
-                     "tab_spec_pays.tex"}
+                     "tab_spec_pays.tex", "tab_spec_floor.tex"}
     for p in written:
         text = p.read_text()
         assert "nan" not in text.lower().replace("nonstopmode", ""), p.name
@@ -314,8 +314,9 @@ def test_speculative_flag_false_without_tables(stats_gen):
     m = stats_gen.macros
     assert m["ifSpeculativeReady"] == "false" and m["SpecBestSpeedupSampled"] == "--"
     assert m["SeedSpeedup"] == "1.61"  # the seed's claim is defined either way
-    for name in ("tab_spec_pairs.tex", "tab_spec_hf.tex", "tab_models.tex"):
+    for name in ("tab_spec_pairs.tex", "tab_spec_hf.tex", "tab_models.tex", "tab_spec_floor.tex"):
         assert r"\emph{" in (stats_gen.gen / name).read_text(), name
+    assert m["ifSpecFloorRan"] == "false"
 
 
 def test_speculative_macros(spec_gen):
@@ -358,6 +359,10 @@ def test_speculative_tables(spec_gen):
     pairs = (spec_gen.gen / "tab_spec_pairs.tex").read_text()
     assert r"\texttt{cpu-mps} & CPU & MPS & sampled & 4 & 1.45 & [1.35, 1.54]" in pairs
     assert pairs.count("skipped") == 2 and pairs.count("& ran") == 3
+    floor = (spec_gen.gen / "tab_spec_floor.tex").read_text()
+    assert (r"\texttt{cpu-mps} & target & \texttt{target} & mps, eager & 400 & 10.0 & 120 & "
+            r"40.0 & 3.00$\times$") in floor
+    assert spec_gen.macros["ifSpecFloorRan"] == "true"
     hf = (spec_gen.gen / "tab_spec_hf.tex").read_text()
     assert hf.count(r"\texttt{") == 2 and "cpu-mps" not in hf
     models = (spec_gen.gen / "tab_models.tex").read_text()

@@ -290,7 +290,7 @@ def parallelism(args):
 
 
 def speculative_stats(args):
-    from . import stats, tables
+    from . import floor, stats, tables
     from .config import Confidence
 
     ci = typed(Confidence, args.spec)
@@ -302,7 +302,8 @@ def speculative_stats(args):
     tables.write_group(args.out, "speculative", {
         "acceptance": acceptance, "speedup": speedup,
         "theory": stats.theory_table(proc, speedup, acceptance),
-        "hf": stats.hf_table(proc, runs, ci), "parallelism": stats.parallelism_table(par, ci)})
+        "hf": stats.hf_table(proc, runs, ci), "parallelism": stats.parallelism_table(par, ci),
+        "floor": floor.floor_table(runs)})
 
 
 def stability_tables(args):

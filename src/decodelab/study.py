@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import graphs, machine, models
+from . import floor, graphs, machine, models
 from .config import PASSES, ParallelismJob, SpeculativeJob, parallelism_span
 from .decode import decode, new_cache
 from .devices import fingerprint, now, set_sdp_backends
@@ -149,6 +149,7 @@ def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: Specu
                  for method in ("autoregressive", "autoregressive_stepped")]
     for method, k, mode in [*warm_up, *baselines]:
         METHODS[method](target, draft, prompts[0], {"mode": mode, "k": k}, spec, 0)
+    floor_columns = floor.columns(target, draft)
     rows = []
     desc = f"speculative {pair_name} rep{repeat}"
     for order, cfg in enumerate(tqdm(grid, desc=desc, disable=not progress, mininterval=1)):
@@ -160,7 +161,7 @@ def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: Specu
     meta = {"pair": pair_name, **{f"pair_{k}": v for k, v in pair.items()}, "repeat": repeat,
             "budget": spec.budget, "prompt_len": spec.prompt_len,
             "shuffle_seed": shuffle_seed, **fingerprint(pair["target_device"], spec.job_spec()),
-            **job.columns()}
+            **floor_columns, **job.columns()}
     return pd.DataFrame([{**meta, **row} for row in rows])
 
 

@@ -158,6 +158,9 @@ TABLES = (
     speculative("hf", ("k", "ours_s", "hf_s", "ours_over_hf", *CI, "agree_hf_assisted",
                        "agree_speculative")),
     speculative("parallelism", ("context", "k", "ratio", *CI, "n")),
+    # a model's greedy step alone over its memory-bandwidth floor (weight bytes / copy bandwidth)
+    speculative("floor", ("step_s", "weight_bytes", "bandwidth", "floor_s", "over_floor", "n"),
+                text=("pair", "role", "model", "device", "engine")),
     Table("quantized_verify_cost", "quantized", "quantized_stats", "Quantized",
           numeric=("context", "k", "ratio", *CI, "n", "extra_per_token"), flags=STABLE,
           text=("backend", "quantization", "device", "model", *REASON), optional=True),

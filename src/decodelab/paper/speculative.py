@@ -3,6 +3,8 @@ verification parallelism, Hugging Face assisted generation, and the models train
 
     generated/tab_spec_pairs.tex  per draft/target pair: best K, speedup, acceptance, ran/skipped
     generated/tab_spec_hf.tex     our speculative decoding over Hugging Face assisted generation
+    generated/tab_spec_floor.tex  each pair's models, their greedy step alone over the
+                                  memory-bandwidth floor (weight bytes / measured copy bandwidth)
     generated/tab_models.tex      models trained here: size, losses, acceptance vs the teacher
 
 The stage is optional: without speculative_speedup.csv \SpeculativeReady is false and the
@@ -321,6 +323,7 @@ def speculative_macros(t: dict[str, pd.DataFrame] | None, models: pd.DataFrame, 
     hf = t["hf"]
     flags = {
         "SpecParallelRan": len(t["parallelism"]) > 0,
+        "SpecFloorRan": bool("over_floor" in t["floor"] and t["floor"]["over_floor"].notna().any()),
         "SpecHfRan": bool("ours_over_hf" in hf and hf["ours_over_hf"].notna().any()),
         "SpecHfRequested": bool(spec_settings(settings).get("hf_assisted")),
         "SpecAnySkipped": macros["SpecNumPairsSkipped"] != "0",
@@ -400,6 +403,17 @@ def spec_hf_table(t: dict[str, pd.DataFrame] | None, confidence: str) -> str:
                    "no Hugging Face assisted run in this build (same-device pairs only)")
 
 
+def floor_table(floor: pd.DataFrame) -> str:
+    """Per pair and role: the model's greedy step alone, its bandwidth floor, the ratio."""
+    rows = [[tt(r["pair"]), r["role"], tt(r["model"]), f"{r['device']}, {r['engine']}",
+             sig(r["weight_bytes"] / 1e6), sig(r["bandwidth"] / 1e9), sig(r["step_s"] * 1e3),
+             sig(r["floor_s"] * 1e3), f"{sig(r['over_floor'])}$\\times$"]
+            for _, r in floor.iterrows()] if "over_floor" in floor else []
+    header = [r"Pair & Role & Model & Device, engine & Weights (MB) & Copy (GB/s) & "
+              r"Step (ms) & Floor (ms) & Step / floor \\"]
+    return tabular("@{}llllrrrrr@{}", header, rows, "no bandwidth measured in this build")
+
+
 def models_table(models: pd.DataFrame, settings: dict) -> str:
     specs = settings.get("models", {})
     names = [m for m in models["model"].astype(str)
@@ -428,4 +442,5 @@ def parts(stats_dir: Path, settings: dict) -> Section:
     return stage("SpeculativeReady", t is not None, Section(macros, flags, {
         "tab_spec_pairs.tex": spec_pairs_table(t, settings, env, confidence(settings)),
         "tab_spec_hf.tex": spec_hf_table(t, confidence(settings)),
+        "tab_spec_floor.tex": floor_table(t["floor"] if t else pd.DataFrame()),
         "tab_models.tex": models_table(models, settings)}))

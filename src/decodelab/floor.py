@@ -1,0 +1,101 @@
+"""The memory-bandwidth floor of a decoding step: at batch 1 a step reads every weight once, so
+no step beats weight bytes / memory bandwidth. How far a model's measured step lies above it says
+how much a decoder leaves on the table (kernel launches, the host), and where speculative
+decoding has room: a step far above its floor is bound by something other than the weights.
+
+The bandwidth is measured in the speculative process itself (a device-to-device copy), not
+taken from a datasheet, so the floor is what this device delivers to this process.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .devices import now
+
+COPY_BYTES = 256 * 2**20
+
+
+def copy_bandwidth(device: torch.device | str, nbytes: int = COPY_BYTES, repeats: int = 5
+                   ) -> float:
+    """Bytes per second of a device-to-device copy (read and write), the best of `repeats`
+    after one warm-up copy."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = math.inf
+    for _ in range(repeats):
+        start = now(device)
+        dst.copy_(src)
+        best = min(best, now(device) - start)
+    return 2 * nbytes / best
+
+
+def weight_bytes(model) -> float:
+    """Bytes of the model's parameters; NaN for an engine without them (llama.cpp's)."""
+    parameters = getattr(model, "parameters", None)
+    if parameters is None:
+        return math.nan
+    return float(sum(p.numel() * p.element_size() for p in parameters()))
+
+
+def device_of(model) -> torch.device | None:
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else None
+
+
+def columns(target, draft) -> dict[str, float]:
+    """Each role's weight bytes and its device's copy bandwidth (measured once per device)."""
+    measured: dict[torch.device, float] = {}
+    out = {}
+    for role, model in (("target", target), ("draft", draft)):
+        device = device_of(model)
+        if device is not None and device not in measured:
+            measured[device] = copy_bandwidth(device)
+        out[f"{role}_weight_bytes"] = weight_bytes(model)
+        out[f"{role}_bandwidth"] = measured.get(device, math.nan)
+    return out
+
+
+# role -> the method whose rows time that model alone, one token per step, in the engine's loop
+ALONE = {"target": "autoregressive", "draft": "draft_autoregressive"}
+
+
+def per_token_s(runs: pd.DataFrame) -> pd.Series:
+    """Wall time per token after the prompt's pass."""
+    steps = runs["tokens"].map(len) - 1
+    return (runs["total_s"] - runs["prefill_s"]) / steps.where(steps > 0)
+
+
+def engine_of(row: pd.Series) -> str:
+    engine = row.get("pair_engine")
+    return engine if isinstance(engine, str) else "eager"
+
+
+def floor_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per pair and role: the model's greedy step alone in the engine's loop (median over
+    processes of each process's median), its weight bytes, the measured bandwidth, the floor
+    and the step over it. Runs from before the columns were recorded give no rows."""
+    if "target_bandwidth" not in runs:
+        return pd.DataFrame()
+    rows = []
+    for role, method in ALONE.items():
+        alone = runs[(runs["method"] == method) & (runs["mode"] == "greedy")]
+        alone = alone.assign(step_s=per_token_s(alone))
+        for pair, group in alone.groupby("pair"):
+            step = float(group.groupby("repeat")["step_s"].median().median())
+            nbytes = float(group[f"{role}_weight_bytes"].median())
+            bandwidth = float(group[f"{role}_bandwidth"].median())
+            floor_s = nbytes / bandwidth
+            first = group.iloc[0]
+            rows.append({"pair": pair, "role": role, "model": first.get(f"pair_{role}", ""),
+                         "device": first.get(f"pair_{role}_device", ""),
+                         "engine": engine_of(first),
+                         "step_s": step, "weight_bytes": nbytes, "bandwidth": bandwidth,
+                         "floor_s": floor_s, "over_floor": step / floor_s if floor_s else np.nan,
+                         "n": group["repeat"].nunique()})
+    return pd.DataFrame(rows)
