@@ -36,11 +36,10 @@ def copy_bandwidth(device: torch.device | str, nbytes: int = COPY_BYTES, repeats
 
 
 def weight_bytes(model) -> float:
-    """Bytes of the model's parameters; NaN for an engine without them (llama.cpp's)."""
+    """Bytes of the model's parameters; NaN for an engine that shows none (llama.cpp's)."""
     parameters = getattr(model, "parameters", None)
-    if parameters is None:
-        return math.nan
-    return float(sum(p.numel() * p.element_size() for p in parameters()))
+    total = sum(p.numel() * p.element_size() for p in parameters()) if parameters else 0
+    return float(total) if total else math.nan
 
 
 def device_of(model) -> torch.device | None:
