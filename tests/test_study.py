@@ -5,7 +5,7 @@ import random
 import pandas as pd
 import pytest
 
-from decodelab import floor, models, stability, stats, study
+from decodelab import models, stability, stats, study
 from decodelab.config import Confidence, SpeculativeJob, Stability
 
 SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
@@ -29,7 +29,7 @@ def test_every_row_records_the_models_weight_bytes_and_measured_bandwidth(runs):
         assert (runs[f"{role}_weight_bytes"] > 0).all() and (runs[f"{role}_bandwidth"] > 0).all()
         assert runs.groupby("repeat")[f"{role}_bandwidth"].nunique().eq(1).all()
     assert (runs["target_bandwidth"] == runs["draft_bandwidth"]).all()  # one CPU, measured once
-    table = floor.floor_table(runs)
+    table = stats.floor_table(runs)
     assert sorted(table["role"]) == ["draft", "target"] and (table["over_floor"] > 0).all()
 
 

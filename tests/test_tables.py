@@ -42,7 +42,7 @@ def test_an_undeclared_table_is_an_error_naming_it():
 
 def test_groups_and_the_host_contract():
     assert [t.key for t in tables.group("speculative")] == [
-        "acceptance", "speedup", "theory", "hf", "parallelism"]
+        "acceptance", "speedup", "theory", "hf", "parallelism", "floor"]
     assert len(tables.names("regime_depth")) == 10
     assert list(tables.required()) == ["latency", "kv_speedup", "regimes", "environment",
                                        "skipped"]

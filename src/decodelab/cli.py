@@ -290,7 +290,7 @@ def parallelism(args):
 
 
 def speculative_stats(args):
-    from . import floor, stats, tables
+    from . import stats, tables
     from .config import Confidence
 
     ci = typed(Confidence, args.spec)
@@ -303,7 +303,7 @@ def speculative_stats(args):
         "acceptance": acceptance, "speedup": speedup,
         "theory": stats.theory_table(proc, speedup, acceptance),
         "hf": stats.hf_table(proc, runs, ci), "parallelism": stats.parallelism_table(par, ci),
-        "floor": floor.floor_table(runs)})
+        "floor": stats.floor_table(runs)})
 
 
 def stability_tables(args):

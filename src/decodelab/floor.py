@@ -2,6 +2,7 @@
 no step beats weight bytes / memory bandwidth. How far a model's measured step lies above it says
 how much a decoder leaves on the table (kernel launches, the host), and where speculative
 decoding has room: a step far above its floor is bound by something other than the weights.
+This module measures; `stats.floor_table` sets the steps against the floor.
 
 The bandwidth is measured in the speculative process itself (a device-to-device copy), not
 taken from a datasheet, so the floor is what this device delivers to this process.
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import pandas as pd
 import torch
 
 from .devices import now
@@ -58,43 +57,3 @@ def columns(target, draft) -> dict[str, float]:
         out[f"{role}_weight_bytes"] = weight_bytes(model)
         out[f"{role}_bandwidth"] = measured.get(device, math.nan)
     return out
-
-
-# role -> the method whose rows time that model alone, one token per step, in the engine's loop
-ALONE = {"target": "autoregressive", "draft": "draft_autoregressive"}
-
-
-def per_token_s(runs: pd.DataFrame) -> pd.Series:
-    """Wall time per token after the prompt's pass."""
-    steps = runs["tokens"].map(len) - 1
-    return (runs["total_s"] - runs["prefill_s"]) / steps.where(steps > 0)
-
-
-def engine_of(row: pd.Series) -> str:
-    engine = row.get("pair_engine")
-    return engine if isinstance(engine, str) else "eager"
-
-
-def floor_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per pair and role: the model's greedy step alone in the engine's loop (median over
-    processes of each process's median), its weight bytes, the measured bandwidth, the floor
-    and the step over it. Runs from before the columns were recorded give no rows."""
-    if "target_bandwidth" not in runs:
-        return pd.DataFrame()
-    rows = []
-    for role, method in ALONE.items():
-        alone = runs[(runs["method"] == method) & (runs["mode"] == "greedy")]
-        alone = alone.assign(step_s=per_token_s(alone))
-        for pair, group in alone.groupby("pair"):
-            step = float(group.groupby("repeat")["step_s"].median().median())
-            nbytes = float(group[f"{role}_weight_bytes"].median())
-            bandwidth = float(group[f"{role}_bandwidth"].median())
-            floor_s = nbytes / bandwidth
-            first = group.iloc[0]
-            rows.append({"pair": pair, "role": role, "model": first.get(f"pair_{role}", ""),
-                         "device": first.get(f"pair_{role}_device", ""),
-                         "engine": engine_of(first),
-                         "step_s": step, "weight_bytes": nbytes, "bandwidth": bandwidth,
-                         "floor_s": floor_s, "over_floor": step / floor_s if floor_s else np.nan,
-                         "n": group["repeat"].nunique()})
-    return pd.DataFrame(rows)

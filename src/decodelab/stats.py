@@ -345,3 +345,44 @@ def parallelism_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
                          "ratio": float(np.median(ratio)), "ci_low": low, "ci_high": high,
                          "n": len(ratio)})
     return pd.DataFrame(rows)
+
+
+# the bandwidth floor (decodelab.floor measures it): role -> the method whose rows time that
+# model alone, one token per step, in the engine's loop
+ALONE = {"target": "autoregressive", "draft": "draft_autoregressive"}
+
+
+def per_token_s(runs: pd.DataFrame) -> pd.Series:
+    """Wall time per token after the prompt's pass."""
+    steps = runs["tokens"].map(len) - 1
+    return (runs["total_s"] - runs["prefill_s"]) / steps.where(steps > 0)
+
+
+def engine_of(row: pd.Series) -> str:
+    engine = row.get("pair_engine")
+    return engine if isinstance(engine, str) else "eager"
+
+
+def floor_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per pair and role: the model's greedy step alone in the engine's loop (median over
+    processes of each process's median), its weight bytes, the measured bandwidth, the floor
+    and the step over it. Runs from before the columns were recorded give no rows."""
+    if "target_bandwidth" not in runs:
+        return pd.DataFrame()
+    rows = []
+    for role, method in ALONE.items():
+        alone = runs[(runs["method"] == method) & (runs["mode"] == "greedy")]
+        alone = alone.assign(step_s=per_token_s(alone))
+        for pair, group in alone.groupby("pair"):
+            step = float(group.groupby("repeat")["step_s"].median().median())
+            nbytes = float(group[f"{role}_weight_bytes"].median())
+            bandwidth = float(group[f"{role}_bandwidth"].median())
+            floor_s = nbytes / bandwidth
+            first = group.iloc[0]
+            rows.append({"pair": pair, "role": role, "model": first.get(f"pair_{role}", ""),
+                         "device": first.get(f"pair_{role}_device", ""),
+                         "engine": engine_of(first),
+                         "step_s": step, "weight_bytes": nbytes, "bandwidth": bandwidth,
+                         "floor_s": floor_s, "over_floor": step / floor_s if floor_s else np.nan,
+                         "n": group["repeat"].nunique()})
+    return pd.DataFrame(rows)
