@@ -6,9 +6,11 @@ import math
 import pandas as pd
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, GPT2Config
 
-from decodelab import floor, stats
+from decodelab import floor, graphs, stats
 from decodelab.paper.speculative import floor_table as floor_tex
+from decodelab.speculative import torch_device
 
 
 def test_copy_bandwidth_is_measured_and_positive():
@@ -16,24 +18,47 @@ def test_copy_bandwidth_is_measured_and_positive():
     assert math.isfinite(bandwidth) and bandwidth > 1e8  # any machine copies 100 MB/s
 
 
+def tiny_gpt():
+    config = GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_positions=8)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+class OutsideTorch:
+    """What a llama.cpp engine shows the loops: logits land on the CPU, no weights in torch."""
+    device = torch.device("cpu")
+
+    def parameters(self):
+        yield torch.empty(0)
+
+
 def test_weight_bytes_counts_every_parameter_at_its_width():
     model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.Linear(20, 3).half())
     assert floor.weight_bytes(model) == (10 * 20 + 20) * 4 + (20 * 3 + 3) * 2
-    assert math.isnan(floor.weight_bytes(object()))  # an engine without parameters
+    gpt = tiny_gpt()
+    assert floor.weight_bytes(graphs.Engine(gpt, capture=False)) == floor.weight_bytes(gpt)
+    assert math.isnan(floor.weight_bytes(OutsideTorch()))
 
 
-def rows(pair: str, method: str, total_s: float, repeat: int, **extra) -> dict:
-    """A greedy row of 11 tokens whose prompt took 1 ms: (total_s - 1 ms) / 10 per token."""
+def test_only_torch_models_have_a_torch_device():
+    """What decides a level-3 fork and a bandwidth measurement: an engine outside torch has no
+    torch device, though its logits land on one."""
+    model = tiny_gpt()
+    assert torch_device(model) == torch_device(graphs.Engine(model, capture=False))
+    assert torch_device(model).type == "cpu" and torch_device(OutsideTorch()) is None
+
+
+def rows(pair: str, method: str, step_s: float, repeat: int, **extra) -> dict:
+    """A greedy row whose steps after the prompt's took `step_s` each."""
     return {"pair": pair, "method": method, "mode": "greedy", "repeat": repeat,
-            "tokens": [0] * 11, "total_s": total_s, "prefill_s": 1e-3, "pair_target": "t",
+            "step_s": step_s, "pair_target": "t",
             "pair_draft": "d", "pair_target_device": "cuda", "pair_draft_device": "cpu",
             "target_weight_bytes": 2e9, "draft_weight_bytes": 1e8, "target_bandwidth": 4e12,
             "draft_bandwidth": 5e10, **extra}
 
 
 def test_floor_table_sets_each_role_alone_against_its_floor():
-    runs = pd.DataFrame([rows("p", "autoregressive", 1e-3 + 10 * 2e-3, r) for r in (0, 1)]
-                        + [rows("p", "draft_autoregressive", 1e-3 + 10 * 4e-3, r) for r in (0, 1)]
+    runs = pd.DataFrame([rows("p", "autoregressive", 2e-3, r) for r in (0, 1)]
+                        + [rows("p", "draft_autoregressive", 4e-3, r) for r in (0, 1)]
                         + [rows("p", "speculative", 9.0, 0)]
                         + [rows("p", "autoregressive", 9.0, 0) | {"mode": "sampled"}])
     table = stats.floor_table(runs).set_index("role")
@@ -53,7 +78,7 @@ def test_rows_from_before_the_floor_give_no_table():
 
 
 def test_the_paper_table_shows_the_ratio_or_says_nothing_was_measured():
-    runs = pd.DataFrame([rows("p", "autoregressive", 1e-3 + 10 * 2e-3, 0)])
+    runs = pd.DataFrame([rows("p", "autoregressive", 2e-3, 0)])
     tex = floor_tex(stats.floor_table(runs))
     assert r"\texttt{p} & target & \texttt{t} & cuda, eager & 2,000 & 4,000 & 2.00 & 0.500 & " \
            r"4.00$\times$" in tex

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from .config import Sampling
 from .decode import decode, first_divergence, margin
 from .sampling import emitted_distribution, sample, speculative_accept, warp
-from .speculative import Result, device_of, generate
+from .speculative import Result, device_of, generate, torch_device
 
 TOL = 1e-9  # level 1: the closed forms must equal p to this, in float64
 MIN_EXPECTED = 5.0  # chi-square bins are pooled until each expects at least this many
@@ -654,14 +654,6 @@ def progress(items, desc: str | None, total: int | None = None):
     return tqdm(items, desc=desc, total=total, disable=desc is None, mininterval=2)
 
 
-def device_type(model) -> str | None:
-    """'cpu', 'cuda' or 'mps' for a PyTorch model or a graph engine; None for anything else (a
-    llama.cpp engine)."""
-    if isinstance(model, torch.nn.Module):
-        return device_of(model).type
-    return getattr(getattr(model, "device", None), "type", None)
-
-
 class Samples:
     """(method, seed) -> (its `sample_tokens`, their `sequence_log_ratios`): one level-3 sample
     and its statistic, deterministic in the key."""
@@ -695,25 +687,23 @@ def real_model_levels(target, draft, prompts: Sequence[Sequence[int]], n_tokens:
     seed serves every rule and both tests. "prefetch"(keys, workers) computes many of them at once,
     in `workers` processes: forked where both models are on the CPU (`in_processes`), spawned
     where they are on a CUDA device and `load` (picklable) loads them again (`in_spawned`)."""
-    samples: dict[tuple[str, int], tuple[int, ...]] = {}
-    log_ratios: dict[tuple[str, int], np.ndarray] = {}
+    drawn: dict[tuple[str, int], tuple[tuple[int, ...], np.ndarray]] = {}
     both = Samples(target, draft, prompts, n_tokens, k, budget, speculate, draft_law)
 
+    def sample(method: str, seed: int) -> tuple[tuple[int, ...], np.ndarray]:
+        if (method, seed) not in drawn:
+            drawn[method, seed] = both((method, seed))
+        return drawn[method, seed]
+
     def tokens(method: str, seed: int) -> tuple[int, ...]:
-        if (method, seed) not in samples:
-            samples[method, seed] = tuple(sample_tokens(target, draft, prompts, n_tokens, method,
-                                                        k, seed, budget, speculate))
-        return samples[method, seed]
+        return sample(method, seed)[0]
 
     def ratios(method: str, seed: int) -> np.ndarray:
-        if (method, seed) not in log_ratios:
-            log_ratios[method, seed] = sequence_log_ratios(target, draft, prompts,
-                                                           tokens(method, seed), budget, draft_law)
-        return log_ratios[method, seed]
+        return sample(method, seed)[1]
 
     def prefetch(keys: Sequence[tuple[str, int]], workers: int) -> None:
-        todo = [key for key in dict.fromkeys(keys) if key not in log_ratios]
-        devices = {device_type(m) for m in (target, draft)}
+        todo = [key for key in dict.fromkeys(keys) if key not in drawn]
+        devices = {getattr(torch_device(m), "type", None) for m in (target, draft)}
         # A llama.cpp engine's threads do not survive a fork, nor CUDA; MPS stays serial
         desc = f"level 3 samples of {n_tokens} tokens"
         if devices == {"cpu"}:
@@ -723,8 +713,7 @@ def real_model_levels(target, draft, prompts: Sequence[Sequence[int]], n_tokens:
                                       speculate), todo, workers, desc)
         else:
             done = [both(key) for key in progress(todo, desc)]
-        for key, (toks, r) in zip(todo, done, strict=True):
-            samples[key], log_ratios[key] = toks, r
+        drawn.update(zip(todo, done, strict=True))
 
     def chi2(sampler: str, seed: int) -> dict:
         return two_sample_test(tokens("autoregressive", seed), tokens(sampler, seed), top,

@@ -15,6 +15,7 @@ import math
 import torch
 
 from .devices import now
+from .speculative import torch_device
 
 COPY_BYTES = 256 * 2**20
 
@@ -35,15 +36,11 @@ def copy_bandwidth(device: torch.device | str, nbytes: int = COPY_BYTES, repeats
 
 
 def weight_bytes(model) -> float:
-    """Bytes of the model's parameters; NaN for an engine that shows none (llama.cpp's)."""
-    parameters = getattr(model, "parameters", None)
-    total = sum(p.numel() * p.element_size() for p in parameters()) if parameters else 0
-    return float(total) if total else math.nan
-
-
-def device_of(model) -> torch.device | None:
-    device = getattr(model, "device", None)
-    return device if isinstance(device, torch.device) else None
+    """Bytes of a PyTorch model's parameters, or those of the one a graph engine wraps; NaN for
+    an engine outside torch (llama.cpp's)."""
+    if torch_device(model) is None:
+        return math.nan
+    return float(sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
 def columns(target, draft) -> dict[str, float]:
@@ -51,7 +48,7 @@ def columns(target, draft) -> dict[str, float]:
     measured: dict[torch.device, float] = {}
     out = {}
     for role, model in (("target", target), ("draft", draft)):
-        device = device_of(model)
+        device = torch_device(model)
         if device is not None and device not in measured:
             measured[device] = copy_bandwidth(device)
         out[f"{role}_weight_bytes"] = weight_bytes(model)

@@ -87,6 +87,15 @@ def device_of(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def torch_device(model) -> torch.device | None:
+    """Where a PyTorch model, or the one a graph engine wraps, computes; None for an engine
+    outside torch (a llama.cpp engine's `device` is only where its logits land)."""
+    if isinstance(model, torch.nn.Module):
+        return device_of(model)
+    inner = getattr(model, "model", None)
+    return device_of(inner) if isinstance(inner, torch.nn.Module) else None
+
+
 def feed(model, cache: DynamicCache, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
     """Run `ids` ([T] on the model's device) through the model; logits [min(keep, T), V] of the
     last `keep` positions, of all T where keep is 0 (the output layer runs on those alone)."""

@@ -348,14 +348,8 @@ def parallelism_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
 
 
 # the bandwidth floor (decodelab.floor measures it): role -> the method whose rows time that
-# model alone, one token per step, in the engine's loop
-ALONE = {"target": "autoregressive", "draft": "draft_autoregressive"}
-
-
-def per_token_s(runs: pd.DataFrame) -> pd.Series:
-    """Wall time per token after the prompt's pass."""
-    steps = runs["tokens"].map(len) - 1
-    return (runs["total_s"] - runs["prefill_s"]) / steps.where(steps > 0)
+# model alone, one token per step (`step_s`), in the engine's loop
+ALONE = {"target": BASELINE, "draft": "draft_autoregressive"}
 
 
 def engine_of(row: pd.Series) -> str:
@@ -372,7 +366,6 @@ def floor_table(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for role, method in ALONE.items():
         alone = runs[(runs["method"] == method) & (runs["mode"] == "greedy")]
-        alone = alone.assign(step_s=per_token_s(alone))
         for pair, group in alone.groupby("pair"):
             step = float(group.groupby("repeat")["step_s"].median().median())
             nbytes = float(group[f"{role}_weight_bytes"].median())
