@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
 
-from decodelab import models, sources
+from decodelab import models, sources, speculative
 from decodelab.config import Sampling
 from decodelab.decode import decode
 from decodelab.devices import available_backends
@@ -226,6 +226,37 @@ def test_greedy_accepts_and_rolls_back_with_a_draft_that_mostly_agrees(dirs):
         assert out.tokens == want, f"K={k}"
         assert 0 < sum(out.accepted) < out.proposed, "the test needs partial acceptance"
         assert any(0 < n < k for n in out.accepted)
+
+
+def test_after_the_prompt_every_id_is_built_on_the_device(dirs, monkeypatch):
+    """One host copy per model and sequence, its prompt: each later iteration's ids come from
+    the verdict's device tensors (the next token, and the last proposal after a full accept),
+    and the tokens equal those of ids copied from the host every time."""
+    target, draft = models.load(dirs[0], "cpu"), models.load(dirs[0], "cpu")
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(0))
+                       * 0.3 * param.std().nan_to_num(0))
+    copies = []
+    to_device = speculative.to_device
+    monkeypatch.setattr(speculative, "to_device", lambda t, d: copies.append(t) or to_device(t, d))
+    p = prompt()
+
+    def run(k, s):
+        copies.clear()
+        out = generate(target, draft, p, 40, k, s, torch.Generator().manual_seed(0),
+                       torch.Generator().manual_seed(1))
+        return out, list(copies)
+
+    for s in (Sampling(), Sampling(temperature=1.0)):
+        for k in (1, 3):
+            out, copied = run(k, s)
+            assert copied == [p, p], f"{s}, K={k}"
+            assert k in out.accepted and min(out.accepted) < k  # full and partial accepts
+            with monkeypatch.context() as m:
+                m.setattr(speculative.Verdict, "tail", lambda *_: None)
+                host, copied = run(k, s)
+            assert len(copied) == 2 * out.target_calls and host.tokens == out.tokens
 
 
 def test_the_fair_baseline_is_the_target_alone_in_the_same_loop(dirs):

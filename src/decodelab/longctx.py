@@ -136,18 +136,20 @@ def speculate(model, drafter, prompt: list[int], budget: int, k: int, policy: Po
     start = now(device)
     if len(prompt) > 1:  # the full cache holds every token but the latest, as after a rollback
         spans.feed("target", model, cache, torch.tensor(prompt[:-1], device=device))
+    verdict = None
     while len(seq) - len(prompt) < budget:
         k_now = min(k, budget - (len(seq) - len(prompt)) - 1)  # never emit past the budget
         view = draft.view(seq, policy, spans, device)
-        t_ids = pending(seq, cache, device)  # before the proposals: see speculative.generate
+        t_ids = pending(seq, cache, device, verdict)  # ends with the latest token, seq[-1]
         draft_tokens, draft_probs, draft_logits = propose(
-            TruePositions(draft.model, len(seq) - 1), view, torch.tensor(seq[-1:], device=device),
-            k_now, s, draft_generator, spans)
-        n, nxt, target_logits = verify(model, cache, t_ids, draft_tokens, draft_probs, s,
-                                       target_generator, accept, spans)
+            TruePositions(draft.model, len(seq) - 1), view, t_ids[-1:], k_now, s,
+            draft_generator, spans)
+        verdict, target_logits = verify(model, cache, t_ids, draft_tokens, draft_probs, s,
+                                        target_generator, accept, spans)
         keep_ends(kept["target"], target_logits)
         keep_ends(kept["draft"], draft_logits)
-        seq += draft_tokens[:n].tolist() + [nxt]
+        n = verdict.n
+        seq += verdict.accepted + [verdict.next]
         rollback(cache, len(seq) - 1)
         draft.accepted(n)
         out.accepted.append(n)

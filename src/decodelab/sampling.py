@@ -102,6 +102,16 @@ def speculative_accept(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     the first rejection n, or from p_K when all K are accepted (p_0 when K = 0). Token ids must
     be in [0, V); probabilities need not be normalised. One host sync per call.
     """
+    n_accepted, token = speculative_verdict(target_probs, draft_probs, draft_tokens,
+                                            generator).tolist()
+    return n_accepted, token
+
+
+def speculative_verdict(target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                        draft_tokens: torch.Tensor, generator: torch.Generator | None = None
+                        ) -> torch.Tensor:
+    """`speculative_accept` without the host sync: [n_accepted, next_token] ([2], long) on the
+    tensors' device."""
     k = _check_verify_shapes(target_probs, draft_tokens, "target_probs")
     v = target_probs.shape[1]
     if tuple(draft_probs.shape) != (k, v):
@@ -131,20 +141,24 @@ def speculative_accept(target_probs: torch.Tensor, draft_probs: torch.Tensor,
         q_n = draft_probs.index_select(0, n.clamp_max(k - 1)) * (n < k)
         weights = _resample_weights(p_n, q_n, _residual_tol(target_probs.dtype,
                                                             draft_probs.dtype))
-    next_token = _sample_no_sync(weights, generator)
-    n_accepted, token = torch.cat([n, next_token]).tolist()
-    return n_accepted, token
+    return torch.cat([n, _sample_no_sync(weights, generator)])
 
 
 def greedy_accept(target_logits_or_probs: torch.Tensor, draft_tokens: torch.Tensor
                   ) -> tuple[int, int]:
     """Greedy verification: accept while the target's argmax equals the draft token; the next
     token is the target's argmax at the first mismatch, or at position K when all match."""
+    n_accepted, token = greedy_verdict(target_logits_or_probs, draft_tokens).tolist()
+    return n_accepted, token
+
+
+def greedy_verdict(target_logits_or_probs: torch.Tensor, draft_tokens: torch.Tensor
+                   ) -> torch.Tensor:
+    """`greedy_accept` without the host sync: [n_accepted, next_token] ([2], long)."""
     k = _check_verify_shapes(target_logits_or_probs, draft_tokens, "target_logits_or_probs")
     best = target_logits_or_probs.argmax(dim=-1)
     n = _leading_run(best[:k] == draft_tokens.long())
-    n_accepted, token = torch.cat([n, best.index_select(0, n)]).tolist()
-    return n_accepted, token
+    return torch.cat([n, best.index_select(0, n)])
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

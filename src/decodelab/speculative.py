@@ -5,9 +5,11 @@ and both caches roll back to the accepted prefix.
 Draft and target may sit on different devices. Token ids cross between them; in sampled mode the
 draft's K probability rows cross too, because the rejection rule compares p with q.
 
-One host sync per iteration: the accept count (and the tokens it keeps) must reach the host to
-extend the sequence and roll the caches back. The host's token ids reach the devices at the
-start of an iteration, while they are idle anyway. Forward passes are timed without more (`Spans`),
+One host sync per iteration: the accept count, the next token and the proposals reach the host in
+one copy, to extend the sequence and roll the caches back. The next iteration's ids are built on
+the device from the same verdict, so between that sync and the draft's next pass the host only
+launches; ids from the host (the prompt, or another device's) come through pinned memory, which
+does not wait for the device. Forward passes are timed without more (`Spans`),
 so the time outside them, the engine's own overhead, is measured, not guessed. `autoregressive`
 is the target alone in the same machinery: the speculative study's fair baseline.
 """
@@ -28,7 +30,7 @@ from .decode import cache_kwarg, new_cache
 from .devices import now
 from .errors import DecodelabError
 from .models import require_finite
-from .sampling import greedy_accept, sample, speculative_accept, warp, wide
+from .sampling import greedy_verdict, sample, speculative_accept, speculative_verdict, warp, wide
 from .theory import alpha_of_calls
 
 
@@ -157,9 +159,43 @@ def rollback(cache: DynamicCache, keep: int) -> None:
         cache.crop(-extra)
 
 
-def pending(seq: list[int], cache: DynamicCache, device) -> torch.Tensor:
-    """The tokens of `seq` that `cache` has not seen yet."""
-    return torch.tensor(seq[cache.get_seq_length():], device=device)
+@dataclass
+class Verdict:
+    """A verification's outcome on the host (n accepted, the next token, the accepted draft
+    tokens) and, where the rule decided on the device, the same tokens there: the accepted
+    proposals ([n]) and the next token ([1])."""
+    n: int
+    next: int
+    accepted: list[int]
+    on_device: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def tail(self, m: int, device: torch.device) -> torch.Tensor | None:
+        """The last m of the new tokens (accepted proposals, then the next) on `device`, where
+        they are there; None otherwise."""
+        if self.on_device is None or m > self.n + 1:
+            return None
+        drafts, nxt = self.on_device
+        if nxt.device != device:
+            return None
+        return nxt if m == 1 else torch.cat([drafts[self.n - m + 1:], nxt])
+
+
+def to_device(tokens: list[int], device: torch.device) -> torch.Tensor:
+    """Token ids from the host: through pinned memory to a GPU, a copy that does not wait for
+    the device (one from pageable memory waits for everything queued before it)."""
+    ids = torch.tensor(tokens)
+    if device.type == "cuda":
+        return ids.pin_memory().to(device, non_blocking=True)
+    return ids.to(device)
+
+
+def pending(seq: list[int], cache: DynamicCache, device, verdict: Verdict | None = None
+            ) -> torch.Tensor:
+    """The tokens of `seq` that `cache` has not seen yet: from the latest verdict's device
+    tensors where they hold them, else from the host."""
+    m = len(seq) - cache.get_seq_length()
+    ids = verdict.tail(m, device) if verdict is not None else None
+    return ids if ids is not None else to_device(seq[len(seq) - m:], device)
 
 
 def uniforms(n: int, s: Sampling, generator: torch.Generator | None, device
@@ -224,18 +260,29 @@ def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
     return run_draws(draft, cache, ids, k, s, u, spans or Spans(), "draft")
 
 
+# The rules whose verdict can stay on the device until the iteration's one sync.
+ON_DEVICE = {speculative_accept: speculative_verdict}
+
+
 def verify(target, cache: DynamicCache, ids: torch.Tensor, draft_tokens: torch.Tensor,
            draft_probs: torch.Tensor | None, s: Sampling, generator: torch.Generator | None,
            accept=speculative_accept, spans: Spans | None = None
-           ) -> tuple[int, int, torch.Tensor]:
-    """(accepted draft tokens, the next token, the target's logits at the K+1 positions)."""
+           ) -> tuple[Verdict, torch.Tensor]:
+    """(the verdict, the target's logits at the K+1 positions). One host sync."""
     k = len(draft_tokens)
     logits = (spans or Spans()).feed("target", target, cache, torch.cat([ids, draft_tokens]),
                                      keep=k + 1)
     if s.greedy:
-        return (*greedy_accept(logits, draft_tokens), logits)
-    p = warp(logits, s.temperature, s.top_k, s.top_p)
-    return (*accept(p, draft_probs.to(p.device), draft_tokens, generator), logits)
+        decided = greedy_verdict(logits, draft_tokens)
+    else:
+        p = warp(logits, s.temperature, s.top_k, s.top_p)
+        q = draft_probs.to(p.device)
+        if accept not in ON_DEVICE:
+            n, nxt = accept(p, q, draft_tokens, generator)
+            return Verdict(n, nxt, draft_tokens[:n].tolist()), logits
+        decided = ON_DEVICE[accept](p, q, draft_tokens, generator)
+    n, nxt, *proposed = torch.cat([decided, draft_tokens]).tolist()
+    return Verdict(n, nxt, proposed[:n], (draft_tokens[:n], decided[1:])), logits
 
 
 def keep_ends(kept: list, logits: torch.Tensor | None) -> None:
@@ -269,21 +316,22 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     kept = {"target": [], "draft": []}  # first and latest logits, checked after timing
     now(d_dev)
     start = now(t_dev)
+    verdict = None
     while len(seq) - len(prompt) < budget:
         k_now = min(k, budget - (len(seq) - len(prompt)) - 1)  # never emit past the budget
-        # Both copies from the host before the draft runs: a copy from pageable memory waits
-        # for the device, so the target's, made after the proposals, would stall the host there.
-        d_ids, t_ids = pending(seq, d_cache, d_dev), pending(seq, t_cache, t_dev)
+        # The draft's pass first: the target's rollback and ids are launched while it runs.
+        rollback(d_cache, len(seq) - 1)
         draft_tokens, draft_probs, draft_logits = propose(
-            draft, d_cache, d_ids, k_now, s, draft_generator, spans)
-        draft_tokens = draft_tokens.to(t_dev)
-        n, nxt, target_logits = verify(target, t_cache, t_ids, draft_tokens, draft_probs, s,
-                                       target_generator, accept, spans)
+            draft, d_cache, pending(seq, d_cache, d_dev, verdict), k_now, s, draft_generator,
+            spans)
+        rollback(t_cache, len(seq) - 1)
+        verdict, target_logits = verify(
+            target, t_cache, pending(seq, t_cache, t_dev, verdict), draft_tokens.to(t_dev),
+            draft_probs, s, target_generator, accept, spans)
         keep_ends(kept["target"], target_logits)
         keep_ends(kept["draft"], draft_logits)
-        seq += draft_tokens[:n].tolist() + [nxt]  # ready: `accept` synchronized for n
-        rollback(t_cache, len(seq) - 1)
-        rollback(d_cache, len(seq) - 1)
+        n = verdict.n
+        seq += verdict.accepted + [verdict.next]
         out.accepted.append(n)
         out.proposals.append(k_now)
         out.proposed += k_now
