@@ -295,3 +295,40 @@ def test_forward_time_and_engine_overhead_are_apart():
     assert plain.tokens == slow.tokens
     # lower bounds only: a shared machine can add time anywhere, never take the sleeps away
     assert slow.overhead_s >= 0.005 * slow.target_calls and slow.overhead_s > plain.overhead_s
+
+
+def test_the_host_gap_is_the_hosts_turn_after_each_verdict(monkeypatch):
+    """Host work planted after the sync (3 ms in the draft's rollback, before its next pass)
+    lands in host_gap_s; work planted before it (5 ms in the acceptance rule) does not. The gap
+    lies outside every pass, so it never exceeds the overhead."""
+    target, draft, s = ToyLM(sleep=0.002), ToyLM(sleep=0.001, flip=0.3, seed=1), Sampling(1.0)
+    rollback, new_cache, draft_caches = speculative.rollback, speculative.new_cache, []
+
+    def run(accept=speculative_accept):
+        return generate(target, draft, [1, 2, 3], 30, 3, s, torch.Generator().manual_seed(0),
+                        torch.Generator().manual_seed(1), accept)
+
+    def slow_accept(*args):
+        time.sleep(0.005)
+        return speculative_accept(*args)
+
+    def recording(model):
+        cache = new_cache(model)
+        if model is draft:
+            draft_caches.append(cache)
+        return cache
+
+    def slow_rollback(cache, keep):
+        if cache is draft_caches[-1]:
+            time.sleep(0.003)
+        rollback(cache, keep)
+
+    plain = run(slow_accept)
+    monkeypatch.setattr(speculative, "new_cache", recording)
+    monkeypatch.setattr(speculative, "rollback", slow_rollback)
+    late = run()
+    for out in (plain, late):
+        assert 0 <= out.host_gap_s <= out.overhead_s
+    assert late.host_gap_s >= 0.003 * (late.target_calls - 1)  # no verdict before the first
+    # the acceptance rule's 5 ms per call runs before the sync, so not in the gap
+    assert plain.host_gap_s < 0.0025 * plain.target_calls

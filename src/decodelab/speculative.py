@@ -17,6 +17,7 @@ is the target alone in the same machinery: the speculative study's fair baseline
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ class Result:
     prefill_s: float = 0.0  # inside the target's first forward pass (the prompt)
     draft_prefill_s: float = 0.0  # inside the draft's first span: its prompt pass, and ...
     draft_prefill_passes: int = 1  # ... the passes after it that a graph engine replays at once
+    host_gap_s: float = 0.0  # host time from each verdict's arrival to the next pass's launch
 
     @property
     def target_calls(self) -> int:
@@ -76,6 +78,12 @@ class Result:
     @property
     def overhead_share(self) -> float:
         return self.overhead_s / self.total_s if self.total_s > 0 else float("nan")
+
+    @property
+    def host_gap_share(self) -> float:
+        """The part of the overhead when the host alone works: after a verdict's sync it extends
+        the sequence, rolls back and launches the next pass, while a GPU waits for it."""
+        return self.host_gap_s / self.total_s if self.total_s > 0 else float("nan")
 
 
 def check_vocab(target, draft) -> None:
@@ -114,11 +122,19 @@ class Spans:
     def __init__(self):
         self.spans: dict[str, list] = defaultdict(list)
         self.passes: dict[str, list[int]] = defaultdict(list)
+        self.entered: list[float] = []  # host time at each span's start, every role
+
+    def host_gap(self, syncs: list[float]) -> float:
+        """Summed host time from each of `syncs` (host times) to the next span's start."""
+        gaps = (self.entered[i] - t for t in syncs
+                if (i := bisect_right(self.entered, t)) < len(self.entered))
+        return sum(gaps)
 
     @contextmanager
     def span(self, role: str, device: torch.device, passes: int = 1) -> Iterator[None]:
         """Time what runs inside as `passes` forward passes of `role`."""
         self.passes[role].append(passes)
+        self.entered.append(time.perf_counter())
         if device.type == "cuda":
             start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             start.record()
@@ -316,7 +332,7 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     kept = {"target": [], "draft": []}  # first and latest logits, checked after timing
     now(d_dev)
     start = now(t_dev)
-    verdict = None
+    verdict, syncs = None, []
     while len(seq) - len(prompt) < budget:
         k_now = min(k, budget - (len(seq) - len(prompt)) - 1)  # never emit past the budget
         # The draft's pass first: the target's rollback and ids are launched while it runs.
@@ -328,6 +344,7 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
         verdict, target_logits = verify(
             target, t_cache, pending(seq, t_cache, t_dev, verdict), draft_tokens.to(t_dev),
             draft_probs, s, target_generator, accept, spans)
+        syncs.append(time.perf_counter())
         keep_ends(kept["target"], target_logits)
         keep_ends(kept["draft"], draft_logits)
         n = verdict.n
@@ -341,6 +358,7 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     check_finite({"target": target, "draft": draft}, kept)
     out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
     out.prefill_s = spans.first("target")
+    out.host_gap_s = spans.host_gap(syncs)
     if spans.spans["draft"]:
         out.draft_prefill_s = spans.first("draft")
         out.draft_prefill_passes = spans.passes["draft"][0]

@@ -172,7 +172,7 @@ def spec_per_process(runs: pd.DataFrame) -> pd.DataFrame:
         out["proposal_acceptance"] = out["accepted"] / out["proposed"].where(out["proposed"] > 0)
         out["tokens_per_call"] = out["tokens"] / out["calls"].where(out["calls"] > 0)
         out = out.merge(pooled_alpha(runs, keys), on=keys, how="left")
-    for column in ("step_s", "overhead_share"):
+    for column in ("step_s", "overhead_share", "host_gap_share"):
         if column in runs:
             out = out.merge(g.agg(**{column: (column, "median")}).reset_index(), on=keys)
     if {"verify_s", "prefill_s"} <= set(runs):
@@ -236,8 +236,8 @@ def speedup_table(proc: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> 
                    else "stepped", "speedup": median_ratio(base, x), "ci_low": low,
                    "ci_high": high, "spec_s": float(np.median(x)),
                    "autoregressive_s": float(np.median(base)), "n": len(x),
-                   "overhead_share": float(spec["overhead_share"].median())
-                   if "overhead_share" in spec else np.nan}
+                   **{column: float(spec[column].median()) if column in spec else np.nan
+                      for column in ("overhead_share", "host_gap_share")}}
             if len(stepped):
                 low, high = bootstrap_ci(median_ratio, (stepped, x), ci)
                 row |= {"speedup_stepped": median_ratio(stepped, x), "stepped_ci_low": low,

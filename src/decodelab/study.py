@@ -46,7 +46,8 @@ def run_speculative(target, draft, prompt, cfg, spec: SpeculativeJob, seed) -> d
     return {"tokens": out.tokens, **engine_columns(out), "accepted": out.accepted,
             "proposals": out.proposals, "proposed": out.proposed, "target_calls": out.target_calls,
             "proposal_acceptance": out.proposal_acceptance, "alpha": out.alpha(cfg["k"]),
-            "tokens_per_call": out.tokens_per_call, "draft_forwards": out.draft_forwards}
+            "tokens_per_call": out.tokens_per_call, "draft_forwards": out.draft_forwards,
+            "host_gap_s": out.host_gap_s, "host_gap_share": out.host_gap_share}
 
 
 def run_autoregressive(model, prompt, cfg, spec, seed) -> dict:

@@ -150,7 +150,7 @@ TABLES = (
     speculative("acceptance", ("k", "alpha", *CI, "proposal_acceptance", "tokens_per_call", "n")),
     # speedup over the fair baseline (`baseline`), speedup_stepped over the per-step harness
     speculative("speedup", ("k", "speedup", *CI, "spec_s", "autoregressive_s", "n",
-                            "overhead_share", "speedup_stepped", "stepped_ci_low",
+                            "overhead_share", "host_gap_share", "speedup_stepped", "stepped_ci_low",
                             "stepped_ci_high", "stepped_s"),
                 flags=STABLE, text=(*REASON, "baseline")),
     speculative("theory", ("k", "alpha", "cost_ratio", "predicted", "measured", "verify_cost",
