@@ -182,3 +182,29 @@ def test_pooled_alpha_reads_a_reference_with_rows_from_before_per_call_proposals
                                ["pair", "mode", "k"]).set_index("pair")["alpha"]
     assert expected_tokens_per_call(alpha["old"], 4) == pytest.approx(3.0)
     assert expected_tokens_per_call(alpha["new"], 4) == pytest.approx(4.0)  # 1 + (4 + 2) / 2
+
+
+def toy_prompts(base: list[float], speedups: list[float], processes: int = 4) -> pd.DataFrame:
+    """Processes that time each prompt alike: a prompt's baseline takes base[p] seconds and its
+    speculative run base[p] / speedups[p]."""
+    rows = [{"pair": "p", "repeat": r, "mode": "greedy", "prompt": p, "method": method, "k": k,
+             "total_s": b / s if method == "speculative" else b}
+            for r in range(processes) for p, (b, s) in enumerate(zip(base, speedups, strict=True))
+            for method, k in (("autoregressive", 0), ("speculative", 4))]
+    return pd.DataFrame(rows)
+
+
+def test_the_interval_over_prompts_shows_what_every_process_shares():
+    """The draft guesses four prompts at different rates (1.2x to 2.4x), alike in every
+    process: the interval over processes is a point, the one over prompts spans the rates.
+    Negative control: prompts of different lengths at one rate give a point, since a prompt's
+    two times are resampled together (apart, the lengths alone would spread it)."""
+    runs = toy_prompts([1.0] * 4, [1.2, 1.6, 2.0, 2.4])
+    speedup = stats.speedup_table(stats.spec_per_process(runs), CI,
+                                  stability.verdicts(runs, stats.SPECULATIVE, Stability()))
+    assert speedup.loc[0, "ci_low"] == speedup.loc[0, "ci_high"]
+    spread = stats.prompt_table(runs, CI).iloc[0]
+    assert spread["prompts"] == 4
+    assert spread["prompt_ci_low"] < 1.45 and spread["prompt_ci_high"] > 2.15
+    same = stats.prompt_table(toy_prompts([1.0, 2.0, 3.0, 4.0], [2.0] * 4), CI).iloc[0]
+    assert same["prompt_ci_low"] == pytest.approx(2.0) == same["prompt_ci_high"]

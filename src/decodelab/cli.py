@@ -298,7 +298,8 @@ def speculative_stats(args):
     par = stats.read_raw_runs(args.parallelism, "parallelism")
     proc = stats.spec_per_process(runs)
     acceptance = stats.acceptance_table(proc, ci)
-    speedup = stats.speedup_table(proc, ci, read_verdicts(args.verdicts, "speculative"))
+    speedup = stats.speedup_table(proc, ci, read_verdicts(args.verdicts, "speculative")).merge(
+        stats.prompt_table(runs, ci), on=stats.SPEC_KEYS, how="left")
     tables.write_group(args.out, "speculative", {
         "acceptance": acceptance, "speedup": speedup,
         "theory": stats.theory_table(proc, speedup, acceptance),

@@ -49,16 +49,17 @@ def per_process(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.groupby(keys, as_index=False)[METRICS].median()
 
 
-def bootstrap_ci(statistic, samples: tuple[np.ndarray, ...], ci: Confidence
-                 ) -> tuple[float, float]:
-    """Percentile bootstrap; a degenerate sample (n < 2 or no spread) gives a zero-width CI."""
+def bootstrap_ci(statistic, samples: tuple[np.ndarray, ...], ci: Confidence,
+                 paired: bool = False) -> tuple[float, float]:
+    """Percentile bootstrap; a degenerate sample (n < 2 or no spread) gives a zero-width CI.
+    `paired`: the samples' i-th values belong together (one prompt) and are resampled so."""
     point = statistic(*samples)
     if min(len(s) for s in samples) < 2 or all(np.ptp(s) == 0 for s in samples):
         return point, point
     vectorized = VECTORIZED.get(statistic)
     res = st.bootstrap(samples, vectorized or statistic, n_resamples=ci.bootstrap_resamples,
                        confidence_level=ci.confidence, method="percentile",
-                       vectorized=vectorized is not None, paired=False,
+                       vectorized=vectorized is not None, paired=paired,
                        rng=np.random.default_rng(ci.seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
@@ -246,6 +247,24 @@ def speedup_table(proc: pd.DataFrame, ci: Confidence, verdict: pd.DataFrame) -> 
     return paired(pd.DataFrame(rows), verdict, {
         "speculative": (SPEC_KEYS, {"method": "speculative"}),
         BASELINE: (["pair", "mode"], {"method": BASELINE})})
+
+
+def prompt_table(runs: pd.DataFrame, ci: Confidence) -> pd.DataFrame:
+    """Per pair, mode and K: the speedup's interval over prompts, each prompt's baseline and
+    speculative times (medians over processes) resampled together. Every process decodes the
+    same prompts, so the interval over processes holds them fixed; this one shows what the
+    choice of prompts adds (how well the draft guesses differs from text to text)."""
+    columns = [*SPEC_KEYS, "prompts", "prompt_ci_low", "prompt_ci_high"]
+    times = runs.groupby(["pair", "mode", "method", "k", "prompt"])["total_s"].median()
+    times = times.reset_index()
+    base = times[times["method"] == BASELINE].drop(columns=["method", "k"])
+    spec = times[times["method"] == "speculative"].drop(columns="method")
+    rows = []
+    for key, group in spec.merge(base, on=["pair", "mode", "prompt"]).groupby(SPEC_KEYS):
+        x, b = (group[c].to_numpy(dtype=float) for c in ("total_s_x", "total_s_y"))
+        low, high = bootstrap_ci(median_ratio, (b, x), ci, paired=True)
+        rows.append((*key, len(group), low, high))
+    return pd.DataFrame(rows, columns=columns)
 
 
 def theory_table(proc: pd.DataFrame, speedup: pd.DataFrame,

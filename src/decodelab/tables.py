@@ -149,7 +149,9 @@ TABLES = (
     # alpha: per-token acceptance (from tokens per call); proposal_acceptance: accepted/proposed
     speculative("acceptance", ("k", "alpha", *CI, "proposal_acceptance", "tokens_per_call", "n")),
     # speedup over the fair baseline (`baseline`), speedup_stepped over the per-step harness
-    speculative("speedup", ("k", "speedup", *CI, "spec_s", "autoregressive_s", "n",
+    # prompt_ci_*: the interval over prompts (every process decodes the same ones)
+    speculative("speedup", ("k", "speedup", *CI, "prompts", "prompt_ci_low", "prompt_ci_high",
+                            "spec_s", "autoregressive_s", "n",
                             "overhead_share", "host_gap_share", "speedup_stepped", "stepped_ci_low",
                             "stepped_ci_high", "stepped_s"),
                 flags=STABLE, text=(*REASON, "baseline")),

@@ -59,6 +59,13 @@ def value(row: pd.Series | None, column: str, fmt=sig) -> str:
     return fmt(float(x)) if finite(x) else NONE
 
 
+def prompt_ci(row: pd.Series | None) -> str:
+    """The speedup's interval over prompts; '--' for rows from before it was computed."""
+    if row is None or not finite(row.get("prompt_ci_low")):
+        return NONE
+    return ci(row["prompt_ci_low"], row["prompt_ci_high"])
+
+
 BASELINE_WORDS = {
     "fair": "the target alone in the same engine loop, synchronized only at its start and end",
     "stepped": "the per-step synchronized harness (runs from before the fair baseline)"}
@@ -168,6 +175,8 @@ def spec_pair_macros(t: dict[str, pd.DataFrame], settings: dict,
             f"SpecBestK{name}": str(k) if k is not None else NONE,
             f"SpecBestSpeedup{name}": sig(row["speedup"]) if row is not None else NONE,
             f"SpecBestCI{name}": ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
+            f"SpecBestPromptCI{name}": prompt_ci(row),
+            f"SpecBestPrompts{name}": value(row, "prompts", lambda x: str(int(x))),
             f"SpecBestSpeedupStepped{name}": value(row, "speedup_stepped"),
             f"SpecBestOverhead{name}": value(row, "overhead_share", percent),
             f"SpecBestHostGap{name}": value(row, "host_gap_share", percent),
