@@ -39,6 +39,27 @@ def test_weight_bytes_counts_every_parameter_at_its_width():
     assert math.isnan(floor.weight_bytes(OutsideTorch()))
 
 
+class OffloadedOutsideTorch(OutsideTorch):
+    """A llama.cpp engine that computes on a GPU and counts its own weights."""
+    compute_device = "cuda"
+
+    def weight_bytes(self) -> float:
+        return 123.0
+
+
+def test_an_engine_outside_torch_is_measured_where_it_computes():
+    """A llama.cpp role's bandwidth is its compute device's, not the CPU's where its logits land:
+    a GPU torch cannot reach gives no bandwidth rather than the CPU's."""
+    offloaded = OffloadedOutsideTorch()
+    assert floor.weight_bytes(offloaded) == 123.0
+    got = floor.columns(tiny_gpt(), offloaded)
+    assert got["target_bandwidth"] > 1e8
+    if torch.cuda.is_available():
+        assert floor.compute_device(offloaded) == torch.device("cuda", 0)
+    else:
+        assert floor.compute_device(offloaded) is None and math.isnan(got["draft_bandwidth"])
+
+
 def test_only_torch_models_have_a_torch_device():
     """What decides a level-3 fork and a bandwidth measurement: an engine outside torch has no
     torch device, though its logits land on one."""

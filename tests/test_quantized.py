@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make quantized-tools)")
 
-from decodelab import gguf_convert, llamapeer, models, sources, study  # noqa: E402
+from decodelab import floor, gguf_convert, llamapeer, models, sources, study  # noqa: E402
 from decodelab.config import GREEDY, QUANT_TYPES, Sampling, SpeculativeJob  # noqa: E402
 from decodelab.decode import (  # noqa: E402
     decode,  # noqa: E402
@@ -297,3 +297,16 @@ def test_a_missing_peer_program_is_an_error_naming_its_build(ggufs, tmp_path, mo
 def test_the_peer_refuses_a_model_without_a_tokenizer(model_dir):
     with pytest.raises(DecodelabError, match=r"has no tokenizer.*vocabulary-less"):
         llamapeer.prompt_texts(model_dir, PEER_JOB)
+
+
+def test_a_llama_cpp_role_has_its_weight_bytes_and_its_devices_bandwidth(ggufs):
+    """The bandwidth floor of a quantized role: llama.cpp's count of its tensors' bytes, which
+    shrinks with the type (16 bits a weight in F16, 8.5 in Q8_0, 4.5 in Q4_0, where a tensor's
+    rows allow), and the copy bandwidth of the CPU it computes on."""
+    n = sum(p.numel() for p in models.load(ggufs["dirs"]["target"], "cpu").parameters())
+    sizes = {t: floor.weight_bytes(Engine(ggufs["target"][t])) for t in ("F16", "Q8_0", "Q4_0")}
+    assert 1.5 * n < sizes["F16"] < 4 * n
+    assert sizes["Q4_0"] < sizes["Q8_0"] < sizes["F16"]
+    columns = floor.columns(Engine(ggufs["target"]["Q8_0"]), Engine(ggufs["draft"]["F16"]))
+    assert columns["target_weight_bytes"] == sizes["Q8_0"]
+    assert columns["target_bandwidth"] == columns["draft_bandwidth"] > 1e8  # one CPU, once

@@ -36,11 +36,25 @@ def copy_bandwidth(device: torch.device | str, nbytes: int = COPY_BYTES, repeats
 
 
 def weight_bytes(model) -> float:
-    """Bytes of a PyTorch model's parameters, or those of the one a graph engine wraps; NaN for
-    an engine outside torch (llama.cpp's)."""
+    """Bytes of a PyTorch model's parameters, or those of the one a graph engine wraps; for an
+    engine outside torch, its own count (`weight_bytes()`, llama.cpp's), else NaN."""
     if torch_device(model) is None:
-        return math.nan
+        counted = getattr(model, "weight_bytes", None)
+        return counted() if counted is not None else math.nan
     return float(sum(p.numel() * p.element_size() for p in model.parameters()))
+
+
+def compute_device(model) -> torch.device | None:
+    """Where a model's step reads its weights: its torch device, or for an engine outside torch
+    the device it computes on (`compute_device`, llama.cpp's) where torch can copy there too;
+    None where neither is known."""
+    device = torch_device(model)
+    if device is not None:
+        return device
+    named = getattr(model, "compute_device", None)
+    if named == "cuda":  # llama.cpp offloads to the first GPU
+        return torch.device("cuda", 0) if torch.cuda.is_available() else None
+    return torch.device(named) if named is not None else None
 
 
 def columns(target, draft) -> dict[str, float]:
@@ -48,7 +62,7 @@ def columns(target, draft) -> dict[str, float]:
     measured: dict[torch.device, float] = {}
     out = {}
     for role, model in (("target", target), ("draft", draft)):
-        device = torch_device(model)
+        device = compute_device(model)
         if device is not None and device not in measured:
             measured[device] = copy_bandwidth(device)
         out[f"{role}_weight_bytes"] = weight_bytes(model)

@@ -80,6 +80,11 @@ class Engine:
     def parameters(self):
         yield torch.empty(0)  # `speculative.device_of` reads the device of the first one
 
+    def weight_bytes(self) -> float:
+        """Bytes of the model's tensors as llama.cpp holds them (quantized blocks, scales
+        included): what a one-token step reads, the bandwidth floor's numerator."""
+        return float(llama_cpp().llama_model_size(self.llm.model))
+
     def get_output_embeddings(self):
         return SimpleNamespace(out_features=self.config.vocab_size)
 
