@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
 from decodelab import graphs
+from decodelab import pipelined as pipelined_loop
 from decodelab.config import Sampling
 from decodelab.decode import decode
 from decodelab.errors import DecodelabError
@@ -80,15 +81,15 @@ class Reusing(graphs.Engine):
     """A graph engine's contract at its worst, off a GPU: each pass overwrites what the engine's
     earlier passes returned (NaN, token -1), as graphs sharing one memory pool may."""
 
-    def __init__(self, model):
-        super().__init__(model, capture=False)
+    def __init__(self, model, pipelined: bool = False):
+        super().__init__(model, capture=False, pipelined=pipelined)
         self.returned: list[torch.Tensor] = []
 
-    def fused(self, key, fn, inputs, advance, cache):
+    def replay(self, key, fn, inputs, advance):
         inputs = tuple(None if x is None else x.clone() for x in inputs)  # the graph's buffers
         for t in self.returned:
             t.fill_(float("nan") if t.is_floating_point() else -1)
-        out = super().fused(key, fn, inputs, advance, cache)
+        out = super().replay(key, fn, inputs, advance)
         self.returned = [t for t in (out if isinstance(out, tuple) else (out,))
                          if isinstance(t, torch.Tensor)]
         return out
@@ -117,6 +118,70 @@ def test_loops_read_no_output_past_the_engines_next_pass(pair, s):
     graph engine run many sequences (the H200's graph study, whose kept first logits a later
     replay overwrote, stopped at the finite check)."""
     many_sequences_equal_eager(*pair, Reusing, s)
+
+
+def pipelined(model, engine=graphs.Engine):
+    return engine(model, capture=False, pipelined=True) if engine is graphs.Engine else \
+        engine(model, pipelined=True)
+
+
+def same_but_the_last_call(ours, theirs, sampled: bool) -> None:
+    """A pipelined run against the synced loop's: the same tokens and accepted counts, but for
+    the last call, which proposes all K where the synced loop proposes what the budget leaves (in
+    sampled mode its last token then comes from other uniforms)."""
+    assert len(ours.tokens) == len(theirs.tokens)
+    assert ours.tokens[:-1] == theirs.tokens[:-1]
+    assert ours.tokens == theirs.tokens or sampled
+    assert ours.accepted[:-1] == theirs.accepted[:-1]
+
+
+@pytest.mark.parametrize("engine", [graphs.Engine, Reusing])
+@pytest.mark.parametrize("s", [Sampling(), SAMPLED])
+def test_pipelined_loop_draws_what_the_synced_loop_draws(pair, engine, s):
+    """Greedy: the target's own tokens; sampled: the synced loop's on the same seeds (the same
+    rule and uniforms), over several K and prompt lengths (two tokens: no draft prefill); on the
+    engine that poisons what its earlier passes returned too. Run twice on one engine: the
+    caches' lengths are handed back exactly, so a new sequence starts clean."""
+    target, draft = pair
+    t_engine, d_engine = pipelined(target, engine), pipelined(draft, engine)
+    accepted = set()
+    for k, prompt in [(3, PROMPT), (1, PROMPT[:2]), (5, PROMPT[:3]), (4, PROMPT)]:
+        synced = generate(target, draft, prompt, 40, k, s, seeded("cpu", 5), seeded("cpu", 6))
+        for _ in range(2):
+            ours = generate(t_engine, d_engine, prompt, 40, k, s, seeded("cpu", 5),
+                            seeded("cpu", 6))
+            same_but_the_last_call(ours, synced, not s.greedy)
+        assert ours.proposed == k * ours.target_calls and ours.host_gap_s <= ours.overhead_s
+        accepted |= {(k, n) for n in ours.accepted}
+    assert {n for k, n in accepted if 0 < n < k} and {(1, 0), (1, 1)} & accepted  # rollbacks
+
+
+def test_pipelined_loop_runs_one_iteration_ahead_and_none_past_the_budget(pair, monkeypatch):
+    """The host reads an iteration's verdict while the next is launched (two in flight), and
+    launches no iteration the budget may not need: each launched one is read and counted."""
+    target, draft = pair
+    in_flight, launched = [], []
+    receive, iterate = pipelined_loop.Verdicts.receive, pipelined_loop.iterate
+    monkeypatch.setattr(pipelined_loop.Verdicts, "receive",
+                        lambda self: in_flight.append(len(self)) or receive(self))
+    monkeypatch.setattr(pipelined_loop, "iterate",
+                        lambda *a: launched.append(1) or iterate(*a))
+    out = generate(pipelined(target), pipelined(draft), PROMPT, 40, 3)
+    assert max(in_flight) == 2
+    assert len(launched) == out.target_calls == len(in_flight)
+
+
+def test_pipelined_engines_fall_back_where_the_loop_cannot_run(pair):
+    """A one-token prompt (the draft is fed two), K = 0 and the wrong rules of verification
+    run the synced loop on the same engines; a budget past the static cache is refused."""
+    target, draft = pair
+    t_engine, d_engine = pipelined(target), pipelined(draft)
+    want = decode(target, torch.tensor([PROMPT[:1]]), 20).tokens
+    assert generate(t_engine, d_engine, PROMPT[:1], 20, 3).tokens == want
+    assert generate(t_engine, d_engine, PROMPT, 20, 0).target_calls == 20
+    small = graphs.Engine(target, capture=False, max_len=40, pipelined=True)
+    with pytest.raises(DecodelabError, match="do not fit its static cache of 40"):
+        generate(small, pipelined(draft), PROMPT, 24, 4)
 
 
 def test_rollback_by_position_hides_stale_slots(pair):
@@ -247,6 +312,20 @@ def test_graph_draft_replays_a_proposal_at_once(s):
 def test_graphs_run_many_sequences(s):
     many_sequences_equal_eager(tiny(2, 64, seed=0, device="cuda"),
                                tiny(1, 32, seed=1, device="cuda"), graphs.Engine, s)
+
+
+@CUDA
+@pytest.mark.parametrize("s", [Sampling(), SAMPLED])
+def test_graph_pipelined_loop_draws_what_the_synced_loop_draws(s):
+    target, draft = tiny(2, 64, seed=0, device="cuda"), tiny(1, 32, seed=1, device="cuda")
+    engines = [graphs.engine(m, "pipelined", "test") for m in (target, draft)]
+    synced = [graphs.Engine(m) for m in (target, draft)]
+    for k, prompt in [(3, PROMPT), (1, PROMPT[:2]), (4, PROMPT)]:
+        want = generate(*synced, prompt, 64, k, s, seeded("cuda", 5), seeded("cuda", 6))
+        for _ in range(2):
+            ours = generate(*engines, prompt, 64, k, s, seeded("cuda", 5), seeded("cuda", 6))
+            same_but_the_last_call(ours, want, not s.greedy)
+    assert engines[0].back is not None  # rollbacks replayed from a graph
 
 
 def test_capture_off_a_gpu_is_refused(pair):

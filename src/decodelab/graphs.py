@@ -22,6 +22,10 @@ so neither they nor a rollback wait for the device.
 Without capture (`capture=False`, any device) the engine runs the same static-cache passes
 eagerly: what the CPU tests compare with the eager engine, token for token.
 
+`pipelined` is the graph engine whose speculative loop (`decodelab.pipelined`) the host runs one
+iteration ahead of the device: each verdict, rollback and next input stays on the device
+(`move_back_by`), so the device never waits for the host's turn between iterations.
+
 `compiled` is the graph engine over `torch.compile`'s kernels (Inductor, one compilation per
 input shape, then captured like the rest): a graph still pays each small kernel's launch and tail
 on the GPU, and fusing a layer's elementwise work into few kernels is how gpt-fast nears the
@@ -37,8 +41,9 @@ from transformers import StaticCache
 
 from .decode import cache_kwarg
 from .errors import DecodelabError
+from .pipelined import generate as pipelined_loop
 
-ENGINES = ("eager", "graph", "compiled")
+ENGINES = ("eager", "graph", "pipelined", "compiled")
 
 
 class Slots:
@@ -62,7 +67,7 @@ class Engine:
     CUDA graph per (input length, logits kept) once `capture` has recorded it."""
 
     def __init__(self, model, capture: bool = True, max_len: int | None = None,
-                 compile: bool = False):
+                 compile: bool = False, pipelined: bool = False):
         if capture and model.device.type != "cuda":
             raise DecodelabError(f"CUDA graphs need a CUDA device; {model.name_or_path!r} is on "
                                  f"{model.device.type}")
@@ -79,7 +84,9 @@ class Engine:
         self.name_or_path = model.name_or_path
         self.cache_kwarg = cache_kwarg(model)  # outside the compiled code: it inspects
         self.compiled = compile
+        self.speculative_loop = pipelined_loop if pipelined else None
         self.run = torch.compile(self.passes, dynamic=False) if compile else self.passes
+        self.back: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
 
     def parameters(self):
         return self.model.parameters()
@@ -104,6 +111,23 @@ class Engine:
         """The write position of every layer n tokens back: one device op, no host sync."""
         if n > 0 and self.cache.is_initialized:
             torch._foreach_sub_(self.counters(), n)
+
+    def move_back_by(self, n: torch.Tensor) -> None:
+        """The write position of every layer n tokens back, n a 0-dim long tensor on the device:
+        a rollback whose length only the device knows, in one replay."""
+        if not self.capture:
+            torch._foreach_sub_(self.counters(), n)
+            return
+        if self.back is None:
+            static = torch.zeros((), dtype=torch.long, device=self.device)
+            torch._foreach_sub_(self.counters(), static)  # a warm-up that moves nothing
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                torch._foreach_sub_(self.counters(), static)
+            self.back = graph, static
+        graph, static = self.back
+        static.copy_(n)
+        graph.replay()
 
     def new_cache(self) -> Slots:
         """The one static cache, emptied: its buffers' addresses are in the captured graphs."""
@@ -155,15 +179,20 @@ class Engine:
         if cache.length + advance > self.max_len:
             raise DecodelabError(f"{self.name_or_path!r}: {cache.length + advance} tokens "
                                  f"do not fit its static cache of {self.max_len}")
-        if self.capture:
-            graph, static, out = self.recorded(key, fn, inputs, advance)
-            for buffer, x in zip(static, inputs, strict=True):
-                if buffer is not None:
-                    buffer.copy_(x)
-            graph.replay()
-        else:
-            out = fn(*inputs)
+        out = self.replay(key, fn, inputs, advance)
         cache.length += advance
+        return out
+
+    def replay(self, key, fn, inputs: tuple, advance: int):
+        """`fused` without the cache's length, for a loop that keeps it on the device
+        (`decodelab.pipelined`) and has checked the room beforehand."""
+        if not self.capture:
+            return fn(*inputs)
+        graph, static, out = self.recorded(key, fn, inputs, advance)
+        for buffer, x in zip(static, inputs, strict=True):
+            if buffer is not None:
+                buffer.copy_(x)
+        graph.replay()
         return out
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = True,
@@ -174,16 +203,19 @@ class Engine:
         if past_key_values is None:
             return self.model(input_ids=input_ids, use_cache=False, logits_to_keep=logits_to_keep)
         n = input_ids.shape[1]
-        logits = self.fused((n, logits_to_keep), lambda ids: self.run(ids, logits_to_keep),
-                            (input_ids,), n, past_key_values)
+        logits = self.fused(*self.pass_of(n, logits_to_keep), (input_ids,), n, past_key_values)
         return SimpleNamespace(logits=logits)
+
+    def pass_of(self, n: int, keep: int):
+        """(key, fn) of a forward pass over [1, n] ids keeping `keep` logits: one graph each."""
+        return (n, keep), lambda ids: self.run(ids, keep)
 
     __call__ = forward
 
 
 def engine(model, name: str, key: str, max_len: int | None = None):
-    """`model` as config `key` (eager, graph or compiled) runs it: itself, or a graph engine
-    whose cache holds `max_len` tokens (default: the model's positions)."""
+    """`model` as config `key` (eager, graph, pipelined or compiled) runs it: itself, or a graph
+    engine whose cache holds `max_len` tokens (default: the model's positions)."""
     if name == "eager":
         return model
     if name not in ENGINES:
@@ -192,4 +224,5 @@ def engine(model, name: str, key: str, max_len: int | None = None):
     if model.device.type != "cuda":
         raise DecodelabError(f"config '{key}': engine {name!r} needs a CUDA device "
                              f"(this model is on {model.device.type}); use 'eager'")
-    return Engine(model, max_len=max_len, compile=name == "compiled")
+    return Engine(model, max_len=max_len, compile=name == "compiled",
+                  pipelined=name == "pipelined")

@@ -276,6 +276,14 @@ def propose(draft, cache: DynamicCache, ids: torch.Tensor, k: int, s: Sampling,
     return run_draws(draft, cache, ids, k, s, u, spans or Spans(), "draft")
 
 
+def pipelines(target, draft, prompt: list[int], k: int) -> bool:
+    """Whether the pair runs its engines' own loop (a pipelined graph engine's: both roles have
+    it, on one device), which needs K >= 1 and two prompt tokens (the draft's first input)."""
+    loop = getattr(target, "speculative_loop", None)
+    return (loop is not None and getattr(draft, "speculative_loop", None) is loop
+            and target.device == draft.device and k >= 1 and len(prompt) >= 2)
+
+
 # The rules whose verdict can stay on the device until the iteration's one sync.
 ON_DEVICE = {speculative_accept: speculative_verdict}
 
@@ -322,8 +330,13 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
              target_generator: torch.Generator | None = None,
              accept=speculative_accept) -> Result:
     """Exactly `budget` new tokens after `prompt` (no EOS stop), K draft tokens per target call.
-    `accept` is the rejection rule; verification swaps in deliberately wrong ones."""
+    `accept` is the rejection rule; verification swaps in deliberately wrong ones. Two pipelined
+    graph engines run the correct rule's loop without a host sync per iteration
+    (`decodelab.pipelined`)."""
     check_vocab(target, draft)
+    if (s.greedy or accept in ON_DEVICE) and pipelines(target, draft, prompt, k):
+        return target.speculative_loop(target, draft, prompt, budget, k, s, draft_generator,
+                                       target_generator)
     t_dev, d_dev = device_of(target), device_of(draft)
     t_cache, d_cache = new_cache(target), new_cache(draft)
     seq = list(prompt)

@@ -29,10 +29,10 @@ print(sys.argv[1], 'held-out', d.get('heldout_loss'), 'train s', d.get('train_se
 # The trained pair's jobs next, all on this machine (a pair trained again would differ), the
 # cheap timed ones first: level 3 alone takes minutes, and a call cut short keeps what finished.
 jobs=("${@:3}")
-[ ${#jobs[@]} -gt 0 ] || jobs=(speculative/{cuda-cuda-graph,cuda-cuda}/rep{0,1}.parquet
+[ ${#jobs[@]} -gt 0 ] || jobs=(speculative/{cuda-cuda-graph,cuda-cuda-pipelined,cuda-cuda}/rep{0,1}.parquet
   "cuda/parallelism/target/rep0.parquet cuda/parallelism/target/rep1.parquet"
   speculative/cpu-cuda/rep{0,1}.parquet verification/real_cuda-cuda-graph.json
-  verification/real_cuda-cuda.json)
+  verification/real_cuda-cuda-pipelined.json verification/real_cuda-cuda.json)
 for job in "${jobs[@]}"; do sm $(printf "$h/%s " $job) 2>&1 | tail -n 30; done
 if [ "${2:-}" != pair ]; then
   sm $h/runs.parquet 2>&1 | tail -n 30                # the sweeps

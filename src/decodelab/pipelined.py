@@ -1,0 +1,134 @@
+"""Speculative decoding with the host one iteration ahead of the device (engine `pipelined`).
+
+`speculative.generate` waits for every verdict: the host needs the accepted count to extend the
+sequence, roll both caches back and feed the next tokens, and the device idles through that turn of
+the host. With graph engines none of it needs the host: a static cache's write position lives on
+the device (`graphs.Engine.move_back_by`), and the next inputs are the verdict's own tokens. So here
+an iteration is launched whole, without a sync: the draft's proposal, the verification, the verdict,
+both rollbacks by K - n, the next inputs, and a copy of (n, the next token, the proposals) to
+pinned host memory. The host reads that copy while the device runs the next iteration, and never
+launches one that the budget may not need.
+
+Shapes stay fixed, so each pass replays a graph captured once: the draft is fed the sequence's last
+two tokens (its cache rolled back one token further than the target's: the earlier of the two is
+written again at its own position), the target the last token and the K proposals. Every iteration
+proposes K, so the last may overshoot the budget; the tokens past it are dropped. The rejection
+rule and the randomness it draws are `speculative.generate`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from .config import GREEDY, Sampling
+from .devices import now
+from .errors import DecodelabError
+from .sampling import greedy_verdict, speculative_verdict, warp
+from .speculative import Result, Spans, check_finite, draws, keep_ends, to_device, uniforms
+
+
+def check_room(models, prompt: list[int], budget: int, k: int) -> None:
+    need = len(prompt) + budget + k + 1  # an overshooting last proposal included
+    for model in models:
+        if need > model.max_len:
+            raise DecodelabError(f"{model.name_or_path!r}: {need} tokens do not fit its static "
+                                 f"cache of {model.max_len}")
+
+
+class Verdicts:
+    """The iterations launched and not yet read: each one's [n, next, K proposals] on its way to
+    the host, in one of two pinned buffers (at most two iterations are in flight)."""
+
+    def __init__(self, k: int, device: torch.device):
+        cuda = device.type == "cuda"
+        self.buffers = [torch.empty(k + 2, dtype=torch.long, pin_memory=cuda) for _ in "ab"]
+        self.events = [torch.cuda.Event() if cuda else None for _ in "ab"]
+        self.queue: deque[int] = deque()
+        self.launched = 0
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def send(self, verdict: torch.Tensor) -> None:
+        slot = self.launched % 2
+        self.buffers[slot].copy_(verdict, non_blocking=True)
+        if self.events[slot] is not None:
+            self.events[slot].record()
+        self.queue.append(slot)
+        self.launched += 1
+
+    def receive(self) -> list[int]:
+        """The oldest iteration's [n, next, proposals], once the device has written it."""
+        slot = self.queue.popleft()
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()
+        return self.buffers[slot].tolist()
+
+
+def iterate(target, draft, d_ids: torch.Tensor, t_last: torch.Tensor, k: int, s: Sampling,
+            draft_generator, target_generator, spans: Spans):
+    """Launch one iteration, no sync: (the verdict [n, next, K proposals], the next draft input
+    [2], the next token [1], the target's and the draft's logits)."""
+    u = uniforms(k, s, draft_generator, d_ids.device)
+    with spans.span("draft", d_ids.device, passes=k):
+        proposals, probs, d_logits = draft.replay(
+            ("draws", 2, k, s), lambda x, v: draws(draft.step, x, k, s, v), (d_ids, u), k + 1)
+    with spans.span("target", d_ids.device):
+        ids = torch.cat([t_last, proposals])[None]
+        logits = target.replay(*target.pass_of(k + 1, k + 1), (ids,), k + 1)[0].float()
+    if s.greedy:
+        decided = greedy_verdict(logits, proposals)
+    else:
+        p = warp(logits, s.temperature, s.top_k, s.top_p)
+        decided = speculative_verdict(p, probs, proposals, target_generator)
+    back = k - decided[0]  # both caches hold K - n tokens past their next length
+    target.move_back_by(back)
+    draft.move_back_by(back)
+    n, nxt = decided[:1], decided[1:]
+    before = torch.where(n > 0, proposals.index_select(0, (n - 1).clamp_min(0)), t_last)
+    return (torch.cat([decided, proposals]), torch.cat([before, nxt]), nxt, logits, d_logits)
+
+
+@torch.inference_mode()
+def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling = GREEDY,
+             draft_generator: torch.Generator | None = None,
+             target_generator: torch.Generator | None = None) -> Result:
+    """`speculative.generate` on two pipelined engines (`speculative.pipelines`), with the
+    correct rule."""
+    check_room((target, draft), prompt, budget, k)
+    device = target.device
+    t_cache, d_cache = target.new_cache(), draft.new_cache()
+    out, spans, verdicts = Result(tokens=[]), Spans(), Verdicts(k, device)
+    kept = {"target": [], "draft": []}
+    seq, syncs = list(prompt), []
+    start = now(device)
+    ids = to_device(prompt, device)
+    keep_ends(kept["target"], spans.feed("target", target, t_cache, ids[:-1], keep=1))
+    if len(prompt) > 2:
+        spans.feed("draft", draft, d_cache, ids[:-2], keep=1)
+    d_ids, t_last = ids[-2:], ids[-1:]
+    while len(seq) - len(prompt) < budget:
+        # Launch while even K + 1 tokens from every iteration in flight leave the budget short.
+        while len(verdicts) < 2 and len(seq) - len(prompt) + (k + 1) * len(verdicts) < budget:
+            verdict, d_ids, t_last, t_logits, d_logits = iterate(
+                target, draft, d_ids, t_last, k, s, draft_generator, target_generator, spans)
+            verdicts.send(verdict)
+            keep_ends(kept["target"], t_logits)
+            keep_ends(kept["draft"], d_logits)
+        n, nxt, *proposals = verdicts.receive()
+        syncs.append(time.perf_counter())
+        seq += proposals[:n] + [nxt]
+        out.accepted.append(n)
+        out.proposals.append(k)
+    out.total_s = now(device) - start
+    t_cache.length, d_cache.length = len(seq) - 1, len(seq) - 2  # where the devices' are
+    check_finite({"target": target, "draft": draft}, kept)
+    out.proposed = out.draft_forwards = k * len(out.accepted)
+    out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
+    out.prefill_s, out.host_gap_s = spans.first("target"), spans.host_gap(syncs)
+    out.draft_prefill_s, out.draft_prefill_passes = spans.first("draft"), spans.passes["draft"][0]
+    out.tokens = seq[len(prompt):len(prompt) + budget]
+    return out
