@@ -9,9 +9,11 @@ One host sync per iteration: the accept count, the next token and the proposals 
 one copy, to extend the sequence and roll the caches back. The next iteration's ids are built on
 the device from the same verdict, so between that sync and the draft's next pass the host only
 launches; ids from the host (the prompt, or another device's) come through pinned memory, which
-does not wait for the device. Forward passes are timed without more (`Spans`),
-so the time outside them, the engine's own overhead, is measured, not guessed. `autoregressive`
-is the target alone in the same machinery: the speculative study's fair baseline.
+does not wait for the device. (Two pipelined graph engines wait for no verdict at all: their
+loop, `decodelab.pipelined`, keeps the next iteration on the device.) Forward passes are timed
+without more (`Spans`), so the time outside them, the engine's own overhead, is measured, not
+guessed. `autoregressive` is the target alone in the same machinery: the speculative study's
+fair baseline.
 """
 
 from __future__ import annotations
