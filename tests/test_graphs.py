@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, GPT2Config
 
 from decodelab import graphs
@@ -169,6 +170,42 @@ def test_pipelined_loop_runs_one_iteration_ahead_and_none_past_the_budget(pair, 
     out = generate(pipelined(target), pipelined(draft), PROMPT, 40, 3)
     assert max(in_flight) == 2
     assert len(launched) == out.target_calls == len(in_flight)
+
+
+class Syncs(TorchDispatchMode):
+    """The operators that read a tensor's value on the host (a sync on a GPU) run inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default):
+            self.found.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("s", [Sampling(), SAMPLED])
+def test_a_pipelined_iteration_never_reads_a_value_on_the_host(pair, monkeypatch, s):
+    """No host sync inside an iteration (proposal, verification, verdict, rollbacks, next
+    inputs), on the CPU where the same operators run uncaptured; the host reads only the copy
+    of each verdict. Negative control: a branch on a tensor, or a rollback by _foreach_sub_
+    (which reads its tensor scalar on the host), is caught."""
+    target, draft = pair
+    syncs, iterate = Syncs(), pipelined_loop.iterate
+
+    def watched(*args):
+        with syncs:
+            return iterate(*args)
+
+    monkeypatch.setattr(pipelined_loop, "iterate", watched)
+    generate(pipelined(target), pipelined(draft), PROMPT, 30, 3, s, seeded("cpu", 1),
+             seeded("cpu", 2))
+    assert syncs.found == []
+    with syncs:
+        assert bool(torch.tensor(2) > 0)
+        torch._foreach_sub_([torch.tensor(3)], torch.tensor(1))
+    assert len(syncs.found) == 2
 
 
 def test_pipelined_engines_fall_back_where_the_loop_cannot_run(pair):

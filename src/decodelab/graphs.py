@@ -115,15 +115,17 @@ class Engine:
     def move_back_by(self, n: torch.Tensor) -> None:
         """The write position of every layer n tokens back, n a 0-dim long tensor on the device:
         a rollback whose length only the device knows, in one replay."""
+        # _foreach_add_ has a tensor overload; _foreach_sub_ would read n on the host (a sync,
+        # which capture forbids)
         if not self.capture:
-            torch._foreach_sub_(self.counters(), n)
+            torch._foreach_add_(self.counters(), n, alpha=-1)
             return
         if self.back is None:
             static = torch.zeros((), dtype=torch.long, device=self.device)
-            torch._foreach_sub_(self.counters(), static)  # a warm-up that moves nothing
+            torch._foreach_add_(self.counters(), static, alpha=-1)  # a warm-up moving nothing
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                torch._foreach_sub_(self.counters(), static)
+                torch._foreach_add_(self.counters(), static, alpha=-1)
             self.back = graph, static
         graph, static = self.back
         static.copy_(n)
