@@ -72,11 +72,12 @@ def iterate(target, draft, d_ids: torch.Tensor, t_last: torch.Tensor, k: int, s:
             draft_generator, target_generator, spans: Spans):
     """Launch one iteration, no sync: (the verdict [n, next, K proposals], the next draft input
     [2], the next token [1], the target's and the draft's logits)."""
-    u = uniforms(k, s, draft_generator, d_ids.device)
-    with spans.span("draft", d_ids.device, passes=k):
+    device = d_ids.device  # both roles'
+    u = uniforms(k, s, draft_generator, device)
+    with spans.span("draft", device, passes=k):
         proposals, probs, d_logits = draft.replay(
             ("draws", 2, k, s), lambda x, v: draws(draft.step, x, k, s, v), (d_ids, u), k + 1)
-    with spans.span("target", d_ids.device):
+    with spans.span("target", device):
         ids = torch.cat([t_last, proposals])[None]
         logits = target.replay(*target.pass_of(k + 1, k + 1), (ids,), k + 1)[0].float()
     if s.greedy:
