@@ -2,6 +2,7 @@
 capture), and its CUDA graphs equal it too (GPU only: `PYTHONPATH=src python3 -m pytest
 tests/test_graphs.py` on a CUDA host)."""
 
+import math
 import shutil
 
 import pytest
@@ -152,7 +153,7 @@ def test_pipelined_loop_draws_what_the_synced_loop_draws(pair, engine, s):
             ours = generate(t_engine, d_engine, prompt, 40, k, s, seeded("cpu", 5),
                             seeded("cpu", 6))
             same_but_the_last_call(ours, synced, not s.greedy)
-        assert ours.proposed == k * ours.target_calls and ours.host_gap_s <= ours.overhead_s
+        assert ours.proposed == k * ours.target_calls and math.isnan(ours.host_gap_s)
         accepted |= {(k, n) for n in ours.accepted}
     assert {n for k, n in accepted if 0 < n < k} and {(1, 0), (1, 1)} & accepted  # rollbacks
 

@@ -51,6 +51,7 @@ class Result:
     draft_prefill_s: float = 0.0  # inside the draft's first span: its prompt pass, and ...
     draft_prefill_passes: int = 1  # ... the passes after it that a graph engine replays at once
     host_gap_s: float = 0.0  # host time from each verdict's arrival to the next pass's launch
+    # (NaN in the pipelined loop, whose device runs the next iteration meanwhile)
 
     @property
     def target_calls(self) -> int:
