@@ -178,12 +178,15 @@ class Engine:
         if cache is not self.slots:
             raise DecodelabError("a graph engine serves one sequence at a time: use the cache "
                                  "of its latest new_cache()")
-        if cache.length + advance > self.max_len:
-            raise DecodelabError(f"{self.name_or_path!r}: {cache.length + advance} tokens "
-                                 f"do not fit its static cache of {self.max_len}")
+        self.check_room(cache.length + advance)
         out = self.replay(key, fn, inputs, advance)
         cache.length += advance
         return out
+
+    def check_room(self, tokens: int) -> None:
+        if tokens > self.max_len:
+            raise DecodelabError(f"{self.name_or_path!r}: {tokens} tokens do not fit its static "
+                                 f"cache of {self.max_len}")
 
     def replay(self, key, fn, inputs: tuple, advance: int):
         """`fused` without the cache's length, for a loop that keeps it on the device

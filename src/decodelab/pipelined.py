@@ -25,17 +25,8 @@ import torch
 
 from .config import GREEDY, Sampling
 from .devices import now
-from .errors import DecodelabError
 from .sampling import greedy_verdict, speculative_verdict, warp
 from .speculative import Result, Spans, check_finite, draws, keep_ends, to_device, uniforms
-
-
-def check_room(models, prompt: list[int], budget: int, k: int) -> None:
-    need = len(prompt) + budget + k + 1  # an overshooting last proposal included
-    for model in models:
-        if need > model.max_len:
-            raise DecodelabError(f"{model.name_or_path!r}: {need} tokens do not fit its static "
-                                 f"cache of {model.max_len}")
 
 
 class Verdicts:
@@ -99,7 +90,8 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
              target_generator: torch.Generator | None = None) -> Result:
     """`speculative.generate` on two pipelined engines (`speculative.pipelines`), with the
     correct rule."""
-    check_room((target, draft), prompt, budget, k)
+    for model in (target, draft):  # room for an overshooting last proposal too
+        model.check_room(len(prompt) + budget + k + 1)
     device = target.device
     t_cache, d_cache = target.new_cache(), draft.new_cache()
     out, spans, verdicts = Result(tokens=[]), Spans(), Verdicts(k, device)
@@ -127,9 +119,7 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     t_cache.length, d_cache.length = len(seq) - 1, len(seq) - 2  # where the devices' are
     check_finite({"target": target, "draft": draft}, kept)
     out.proposed = out.draft_forwards = k * len(out.accepted)
-    out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
-    out.prefill_s = spans.first("target")
+    spans.record(out)
     out.host_gap_s = math.nan  # the device runs the next iteration through the host's turn
-    out.draft_prefill_s, out.draft_prefill_passes = spans.first("draft"), spans.passes["draft"][0]
     out.tokens = seq[len(prompt):len(prompt) + budget]
     return out

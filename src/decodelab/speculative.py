@@ -162,6 +162,15 @@ class Spans:
         """The time of the role's first pass (the target's: the prompt)."""
         return span_seconds(self.spans[role][0])
 
+    def record(self, out: Result) -> None:
+        """A run's forward-pass times into `out`, after its last timestamp: each role's sum, the
+        target's prompt pass, and the draft's first span and how many passes it holds."""
+        out.draft_s, out.verify_s = self.seconds("draft"), self.seconds("target")
+        out.prefill_s = self.first("target")
+        if self.spans["draft"]:
+            out.draft_prefill_s = self.first("draft")
+            out.draft_prefill_passes = self.passes["draft"][0]
+
 
 def span_seconds(span) -> float:
     if isinstance(span, float):
@@ -372,12 +381,8 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     now(d_dev)
     out.total_s = now(t_dev) - start
     check_finite({"target": target, "draft": draft}, kept)
-    out.draft_s, out.verify_s = spans.seconds("draft"), spans.seconds("target")
-    out.prefill_s = spans.first("target")
+    spans.record(out)
     out.host_gap_s = spans.host_gap(syncs)
-    if spans.spans["draft"]:
-        out.draft_prefill_s = spans.first("draft")
-        out.draft_prefill_passes = spans.passes["draft"][0]
     out.tokens = seq[len(prompt):]
     return out
 
@@ -404,6 +409,5 @@ def autoregressive(model, prompt: list[int], budget: int, s: Sampling = GREEDY,
     out = Result(tokens=torch.cat(tokens).tolist(), accepted=[0] * budget)
     out.total_s = now(device) - start
     check_finite({"target": model}, {"target": [first, logits]})
-    out.verify_s = spans.seconds("target")
-    out.prefill_s = spans.first("target")
+    spans.record(out)
     return out
