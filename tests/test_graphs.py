@@ -209,6 +209,29 @@ def test_a_pipelined_iteration_never_reads_a_value_on_the_host(pair, monkeypatch
     assert len(syncs.found) == 2
 
 
+def test_a_run_that_failed_midway_leaves_the_next_one_clean(pair, monkeypatch):
+    """A pipelined run interrupted after some iterations (its caches' positions advanced on the
+    device, never told to the host) leaves its engines decoding the next sequence as new ones."""
+    target, draft = pair
+    t_engine, d_engine = pipelined(target), pipelined(draft)
+    iterate, calls = pipelined_loop.iterate, []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return iterate(*args)
+
+    monkeypatch.setattr(pipelined_loop, "iterate", failing)
+    with pytest.raises(KeyboardInterrupt):
+        generate(t_engine, d_engine, PROMPT, 40, 3)
+    monkeypatch.setattr(pipelined_loop, "iterate", iterate)
+    assert t_engine.counters()[0].item() > len(PROMPT)  # the failed run's writes
+    other = PROMPT[::-1]
+    again = generate(t_engine, d_engine, other, 40, 3)
+    assert again.tokens == decode(target, torch.tensor([other]), 40).tokens
+
+
 def test_pipelined_engines_fall_back_where_the_loop_cannot_run(pair):
     """A one-token prompt (the draft is fed two), K = 0 and the wrong rules of verification
     run the synced loop on the same engines; a budget past the static cache is refused."""

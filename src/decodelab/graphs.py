@@ -132,9 +132,11 @@ class Engine:
         graph.replay()
 
     def new_cache(self) -> Slots:
-        """The one static cache, emptied: its buffers' addresses are in the captured graphs."""
-        if self.slots is not None:
-            self.move_back(self.slots.length)
+        """The one static cache, emptied: its buffers' addresses are in the captured graphs.
+        Its position is zeroed on the device rather than moved back by the host's length, which
+        a loop that failed midway (the pipelined one keeps its length on the device) left stale."""
+        if self.cache.is_initialized:
+            torch._foreach_zero_(self.counters())
         self.slots = Slots(self)
         return self.slots
 
