@@ -355,6 +355,17 @@ def test_speculative_macros(spec_gen):
     assert m["SpecKs"] == "1, 2, 3, 4, 6, 8" and m["SpecTopK"] == "off"
 
 
+def test_the_host_gap_sentence_gives_way_where_the_best_pair_is_pipelined(spec_gen, tmp_path):
+    """The pipelined loop has no host turn between iterations (its host gap is NaN): the paper
+    says so instead of printing the gap as missing."""
+    assert spec_gen.macros["ifSpecBestPipelined"] == "false"
+    settings = settings_dict()
+    settings["speculative"]["pairs"]["cpu-mps"]["engine"] = "pipelined"  # the best pair
+    write_generated(spec_gen.stats, settings, tmp_path / "gen")
+    assert defined_macros((tmp_path / "gen" / "macros.tex").read_text())[
+        "ifSpecBestPipelined"] == "true"
+
+
 def test_speculative_tables(spec_gen):
     pairs = (spec_gen.gen / "tab_spec_pairs.tex").read_text()
     assert r"\texttt{cpu-mps} & CPU & MPS & sampled & 4 & 1.45 & [1.35, 1.54]" in pairs

@@ -339,6 +339,7 @@ def speculative_macros(t: dict[str, pd.DataFrame] | None, models: pd.DataFrame, 
         "SpecAnySkipped": macros["SpecNumPairsSkipped"] != "0",
         "SpecTrainedPair": trained_pair(models, settings, pair),
         "SpecDraftDistilled": distilled_pair(models, settings, pair),
+        "SpecBestPipelined": requested_pairs(settings).get(pair, {}).get("engine") == "pipelined",
         "SpecInitPair": bool(init_pair_models(models, settings)),
         "SpecInitRows": macros["SpecInitPairs"] != "none",
     }
