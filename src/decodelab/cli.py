@@ -781,24 +781,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_dirs", nargs="+")
     p.set_defaults(func=model_table)
 
-    p = verbs.add_parser("spec-figures", help="draw the speculative-decoding figures")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=spec_figures)
-
-    p = verbs.add_parser("quantized-figures", help="draw the quantized backend's figure")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=quantized_figures)
-
-    p = verbs.add_parser("long-figures", help="draw the long-context figures")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=long_figures)
-    p = verbs.add_parser("batched-figures", help="draw the batched-speculation figures")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=batched_figures)
+    for name, what, func in (("spec", "the speculative-decoding figures", spec_figures),
+                             ("quantized", "the quantized backend's figure", quantized_figures),
+                             ("long", "the long-context figures", long_figures),
+                             ("batched", "the batched-speculation figures", batched_figures)):
+        p = verbs.add_parser(f"{name}-figures", help=f"draw {what}")
+        p.add_argument("--stats", required=True)
+        p.add_argument("--out", required=True)
+        p.set_defaults(func=func)
 
     p = verbs.add_parser("settings", help="record the settings the paper states")
     p.add_argument("--spec", required=True)
