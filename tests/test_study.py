@@ -5,7 +5,7 @@ import random
 import pandas as pd
 import pytest
 
-from decodelab import models, stability, stats, study
+from decodelab import graphs, models, stability, stats, study
 from decodelab.config import Confidence, SpeculativeJob, Stability
 
 SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
@@ -208,3 +208,26 @@ def test_the_interval_over_prompts_shows_what_every_process_shares():
     assert spread["prompt_ci_low"] < 1.45 and spread["prompt_ci_high"] > 2.15
     same = stats.prompt_table(toy_prompts([1.0, 2.0, 3.0, 4.0], [2.0] * 4), CI).iloc[0]
     assert same["prompt_ci_low"] == pytest.approx(2.0) == same["prompt_ci_high"]
+
+
+def test_a_pipelined_pair_has_room_for_its_last_proposal(tiny_pair, monkeypatch):
+    """The study's static caches hold the prompt, the budget and the pipelined loop's
+    overshooting last proposal at the largest K (the H200 run at 0341fb0 was refused: "162 tokens
+    do not fit its static cache of 160"); its greedy rows are the target's own tokens."""
+    engines = []
+
+    def uncaptured(model, name, key, max_len=None):
+        engines.append((name, key, max_len))
+        return graphs.Engine(model, capture=False, max_len=max_len, pipelined=True)
+
+    monkeypatch.setattr(study.graphs, "engine", uncaptured)
+    spec = SpeculativeJob.from_spec(SPEC | {"hf_assisted": False, "modes": ["greedy"]})
+    df = study.run(*tiny_pair, "cpu-pipelined", PAIR | {"engine": "pipelined"}, spec, repeat=0,
+                   progress=False)
+    room = SPEC["prompt_len"] + SPEC["budget"] + max(SPEC["ks"]) + 1
+    assert engines == [("pipelined", "speculative.pairs.cpu-pipelined.engine", room)] * 2
+    tokens = df.set_index(["prompt", "method", "k"])["tokens"]
+    for prompt in df["prompt"].unique():
+        for k in SPEC["ks"]:
+            assert list(tokens[(prompt, "speculative", k)]) == \
+                list(tokens[(prompt, "autoregressive", 0)])

@@ -67,26 +67,31 @@ def test_real_level_reports_both_tests_greedy_and_power(tiny_pair):
     assert again["chi2"] == pytest.approx(chi[0]["statistic"])
 
 
-def test_real_level_runs_in_the_pairs_engine(tiny_pair, monkeypatch):
+@pytest.mark.parametrize("engine", ["graph", "pipelined"])
+def test_real_level_runs_in_the_pairs_engine(tiny_pair, monkeypatch, engine):
     """Level 3 checks the engine the pair times: a graph pair's models reach it through
-    `graphs.engine` (off a GPU: refused by key, or uncaptured here), and its samples equal the
-    eager engine's draw for draw."""
+    `graphs.engine` (off a GPU: refused by key, or uncaptured here), with room in their static
+    caches for the pipelined loop's overshooting last proposal (K + 1 past the budget; the H200
+    run at 0341fb0 was refused without it), and a graph pair's samples equal the eager engine's
+    draw for draw (the pipelined loop's last token may come from other uniforms)."""
     spec = replace(SPEC, real=replace(SPEC.real, tokens=64, power_tokens=32, greedy_prompts=2))
-    graph_pair = replace(PAIR, engine="graph")
+    graph_pair = replace(PAIR, engine=engine)
     with pytest.raises(DecodelabError, match="'speculative.pairs.cpu-graph.engine'.*CUDA"):
         verify.run_real(spec, "cpu-graph", graph_pair, *tiny_pair, seed=0)
     engines = []
 
     def uncaptured(model, name, key, max_len=None):
         engines.append((name, key, max_len))
-        return graphs.Engine(model, capture=False, max_len=max_len)
+        return graphs.Engine(model, capture=False, max_len=max_len, pipelined=name == "pipelined")
 
     monkeypatch.setattr(verify.graphs, "engine", uncaptured)
     static = verify.run_real(spec, "cpu-graph", graph_pair, *tiny_pair, seed=0)
-    assert engines == [("graph", "speculative.pairs.cpu-graph.engine", 32 + spec.real.budget)] * 2
+    room = 32 + spec.real.budget + spec.k + 1
+    assert engines == [(engine, "speculative.pairs.cpu-graph.engine", room)] * 2
     monkeypatch.undo()
-    eager = verify.run_real(spec, "cpu-cpu", PAIR, *tiny_pair, seed=0)
-    assert static["samples"] == eager["samples"]
+    if engine == "graph":
+        eager = verify.run_real(spec, "cpu-cpu", PAIR, *tiny_pair, seed=0)
+        assert static["samples"] == eager["samples"]
 
 
 def test_spawned_workers_load_the_pair_and_draw_what_one_process_draws(tiny_pair):

@@ -29,6 +29,12 @@ from .sampling import greedy_verdict, speculative_verdict, warp
 from .speculative import Result, Spans, check_finite, draws, keep_ends, to_device, uniforms
 
 
+def room(tokens: int, k: int) -> int:
+    """The static cache that a sequence of `tokens` (prompt and budget) needs when speculating K
+    ahead: the last proposal may overshoot the budget by K + 1."""
+    return tokens + k + 1
+
+
 class Verdicts:
     """The iterations launched and not yet read: each one's [n, next, K proposals] on its way to
     the host, in one of two pinned buffers (at most two iterations are in flight)."""
@@ -90,8 +96,8 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
              target_generator: torch.Generator | None = None) -> Result:
     """`speculative.generate` on two pipelined engines (`speculative.pipelines`), with the
     correct rule."""
-    for model in (target, draft):  # room for an overshooting last proposal too
-        model.check_room(len(prompt) + budget + k + 1)
+    for model in (target, draft):
+        model.check_room(room(len(prompt) + budget, k))
     device = target.device
     t_cache, d_cache = target.new_cache(), draft.new_cache()
     out, spans, verdicts = Result(tokens=[]), Spans(), Verdicts(k, device)

@@ -22,6 +22,7 @@ from .config import PASSES, ParallelismJob, SpeculativeJob, parallelism_span
 from .decode import decode, new_cache
 from .devices import fingerprint, now, set_sdp_backends
 from .llamacpp import load_role, quantized_roles
+from .pipelined import room
 from .speculative import Result, autoregressive, check_vocab, feed, generate, rollback
 from .train import heldout_prompts
 
@@ -135,7 +136,8 @@ def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: Specu
         progress: bool = True) -> pd.DataFrame:
     job = machine.Job()
     set_sdp_backends(spec.sdp_backends, "speculative.sdp_backends")
-    key, longest = f"speculative.pairs.{pair_name}.engine", spec.prompt_len + spec.budget
+    key = f"speculative.pairs.{pair_name}.engine"
+    longest = room(spec.prompt_len + spec.budget, max(spec.ks, default=0))
     target, draft = (graphs.engine(m, pair.get("engine", "eager"), key, longest)
                      for m in load_pair(target_dir, draft_dir, pair))
     prompts = heldout_prompts(target_dir, spec.prompts, spec.prompt_len, spec.seed)

@@ -20,6 +20,7 @@ from . import graphs, longctx, models, tables
 from .config import GREEDY, LongVerificationJob, Pair, Verification
 from .errors import DecodelabError
 from .llamacpp import load_role
+from .pipelined import room
 from .sparse_kv import Policy
 from .speculative import generate
 from .train import heldout_prompts
@@ -158,7 +159,8 @@ def run_real(spec: Verification, pair_name: str, pair: Pair, target_dir: str, dr
     real, prompt_len = spec.real, 32
     roles = asdict(pair) | {f"{role}_gguf": path for role, path in (gguf or {}).items()}
     load = partial(load_pair, target_dir, draft_dir, roles,
-                   f"speculative.pairs.{pair_name}.engine", prompt_len + real.budget)
+                   f"speculative.pairs.{pair_name}.engine",
+                   room(prompt_len + real.budget, spec.k))
     target, draft = load()
     prompts = heldout_prompts(target_dir, real.prompts, prompt_len, seed)
     greedy_prompts = heldout_prompts(target_dir, real.greedy_prompts, prompt_len, seed + 1)
