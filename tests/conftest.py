@@ -42,6 +42,24 @@ def one_thread():
 
 
 @pytest.fixture
+def uncaptured_engines(monkeypatch) -> list:
+    """`graphs.engine`'s own choice and cache sizing on the CPU: the graph engines it builds
+    run uncaptured (no CUDA here) and are listed here as built."""
+    from decodelab import graphs
+
+    built = []
+
+    class Uncaptured(graphs.Engine):
+        def __init__(self, model, **kwargs):
+            super().__init__(model, capture=False, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(graphs, "require_cuda", lambda *args: None)
+    monkeypatch.setattr(graphs, "Engine", Uncaptured)
+    return built
+
+
+@pytest.fixture
 def workdir(tmp_path):
     from dag import copy_workflow
 

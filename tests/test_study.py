@@ -5,7 +5,7 @@ import random
 import pandas as pd
 import pytest
 
-from decodelab import graphs, models, stability, stats, study
+from decodelab import models, stability, stats, study
 from decodelab.config import Confidence, SpeculativeJob, Stability
 
 SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
@@ -210,22 +210,18 @@ def test_the_interval_over_prompts_shows_what_every_process_shares():
     assert same["prompt_ci_low"] == pytest.approx(2.0) == same["prompt_ci_high"]
 
 
-def test_a_pipelined_pair_has_room_for_its_last_proposal(tiny_pair, monkeypatch):
-    """The study's static caches hold the prompt, the budget and the pipelined loop's
-    overshooting last proposal at the largest K (the H200 run at 0341fb0 was refused: "162 tokens
-    do not fit its static cache of 160"); its greedy rows are the target's own tokens."""
-    engines = []
-
-    def uncaptured(model, name, key, max_len=None):
-        engines.append((name, key, max_len))
-        return graphs.Engine(model, capture=False, max_len=max_len, pipelined=True)
-
-    monkeypatch.setattr(study.graphs, "engine", uncaptured)
+@pytest.mark.parametrize("engine", ["graph", "pipelined"])
+def test_the_static_caches_hold_what_the_engine_needs(tiny_pair, uncaptured_engines, engine):
+    """A pipelined pair's static caches hold the prompt, the budget and its loop's overshooting
+    last proposal at the largest K (the H200 run at 0341fb0 was refused: "162 tokens do not fit
+    its static cache of 160"); a graph pair's the prompt and the budget alone, since each pass
+    attends over every slot. Greedy rows are the target's own tokens."""
     spec = SpeculativeJob.from_spec(SPEC | {"hf_assisted": False, "modes": ["greedy"]})
-    df = study.run(*tiny_pair, "cpu-pipelined", PAIR | {"engine": "pipelined"}, spec, repeat=0,
+    df = study.run(*tiny_pair, "cpu-graph", PAIR | {"engine": engine}, spec, repeat=0,
                    progress=False)
-    room = SPEC["prompt_len"] + SPEC["budget"] + max(SPEC["ks"]) + 1
-    assert engines == [("pipelined", "speculative.pairs.cpu-pipelined.engine", room)] * 2
+    longest = SPEC["prompt_len"] + SPEC["budget"]
+    longest += max(SPEC["ks"]) + 1 if engine == "pipelined" else 0
+    assert [e.max_len for e in uncaptured_engines] == [longest] * 2
     tokens = df.set_index(["prompt", "method", "k"])["tokens"]
     for prompt in df["prompt"].unique():
         for k in SPEC["ks"]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from llama import tiny_llama, tokens
 
-from decodelab import cli, graphs, sources, verify
+from decodelab import cli, sources, verify
 from decodelab import equivalence as eq
 from decodelab.config import Pair, Verification
 from decodelab.errors import DecodelabError
@@ -68,27 +68,22 @@ def test_real_level_reports_both_tests_greedy_and_power(tiny_pair):
 
 
 @pytest.mark.parametrize("engine", ["graph", "pipelined"])
-def test_real_level_runs_in_the_pairs_engine(tiny_pair, monkeypatch, engine):
+def test_real_level_runs_in_the_pairs_engine(tiny_pair, request, engine):
     """Level 3 checks the engine the pair times: a graph pair's models reach it through
-    `graphs.engine` (off a GPU: refused by key, or uncaptured here), with room in their static
-    caches for the pipelined loop's overshooting last proposal (K + 1 past the budget; the H200
-    run at 0341fb0 was refused without it), and a graph pair's samples equal the eager engine's
-    draw for draw (the pipelined loop's last token may come from other uniforms)."""
+    `graphs.engine` (off a GPU: refused by key, or uncaptured here). A pipelined pair's static
+    caches have room for its loop's overshooting last proposal, K + 1 past the budget (the H200
+    run at 0341fb0 was refused without it); a graph pair's hold the sequence alone, and its
+    samples equal the eager engine's draw for draw (the pipelined loop's last token may come
+    from other uniforms)."""
     spec = replace(SPEC, real=replace(SPEC.real, tokens=64, power_tokens=32, greedy_prompts=2))
     graph_pair = replace(PAIR, engine=engine)
     with pytest.raises(DecodelabError, match="'speculative.pairs.cpu-graph.engine'.*CUDA"):
         verify.run_real(spec, "cpu-graph", graph_pair, *tiny_pair, seed=0)
-    engines = []
-
-    def uncaptured(model, name, key, max_len=None):
-        engines.append((name, key, max_len))
-        return graphs.Engine(model, capture=False, max_len=max_len, pipelined=name == "pipelined")
-
-    monkeypatch.setattr(verify.graphs, "engine", uncaptured)
+    built = request.getfixturevalue("uncaptured_engines")
     static = verify.run_real(spec, "cpu-graph", graph_pair, *tiny_pair, seed=0)
-    room = 32 + spec.real.budget + spec.k + 1
-    assert engines == [(engine, "speculative.pairs.cpu-graph.engine", room)] * 2
-    monkeypatch.undo()
+    longest = 32 + spec.real.budget + (spec.k + 1 if engine == "pipelined" else 0)
+    assert [e.max_len for e in built] == [longest] * 2
+    assert all((e.speculative_loop is not None) == (engine == "pipelined") for e in built)
     if engine == "graph":
         eager = verify.run_real(spec, "cpu-cpu", PAIR, *tiny_pair, seed=0)
         assert static["samples"] == eager["samples"]

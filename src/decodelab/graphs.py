@@ -42,6 +42,7 @@ from transformers import StaticCache
 from .decode import cache_kwarg
 from .errors import DecodelabError
 from .pipelined import generate as pipelined_loop
+from .pipelined import room
 
 ENGINES = ("eager", "graph", "pipelined", "compiled")
 
@@ -220,16 +221,24 @@ class Engine:
     __call__ = forward
 
 
-def engine(model, name: str, key: str, max_len: int | None = None):
+def require_cuda(model, name: str, key: str) -> None:
+    if model.device.type != "cuda":
+        raise DecodelabError(f"config '{key}': engine {name!r} needs a CUDA device "
+                             f"(this model is on {model.device.type}); use 'eager'")
+
+
+def engine(model, name: str, key: str, max_len: int | None = None, k: int = 0):
     """`model` as config `key` (eager, graph, pipelined or compiled) runs it: itself, or a graph
-    engine whose cache holds `max_len` tokens (default: the model's positions)."""
+    engine whose cache holds `max_len` tokens (default: the model's positions). A pipelined
+    engine's holds K + 1 more, for its loop's overshooting last proposal at draft length `k`;
+    the others' no more than they need, as each pass attends over every slot."""
     if name == "eager":
         return model
     if name not in ENGINES:
         raise DecodelabError(f"config '{key}': engine {name!r} is not one of "
                              f"{', '.join(ENGINES)}")
-    if model.device.type != "cuda":
-        raise DecodelabError(f"config '{key}': engine {name!r} needs a CUDA device "
-                             f"(this model is on {model.device.type}); use 'eager'")
-    return Engine(model, max_len=max_len, compile=name == "compiled",
-                  pipelined=name == "pipelined")
+    require_cuda(model, name, key)
+    pipelined = name == "pipelined"
+    if pipelined and max_len is not None:
+        max_len = room(max_len, k)
+    return Engine(model, max_len=max_len, compile=name == "compiled", pipelined=pipelined)

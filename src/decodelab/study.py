@@ -22,7 +22,6 @@ from .config import PASSES, ParallelismJob, SpeculativeJob, parallelism_span
 from .decode import decode, new_cache
 from .devices import fingerprint, now, set_sdp_backends
 from .llamacpp import load_role, quantized_roles
-from .pipelined import room
 from .speculative import Result, autoregressive, check_vocab, feed, generate, rollback
 from .train import heldout_prompts
 
@@ -136,9 +135,9 @@ def run(target_dir: str, draft_dir: str, pair_name: str, pair: dict, spec: Specu
         progress: bool = True) -> pd.DataFrame:
     job = machine.Job()
     set_sdp_backends(spec.sdp_backends, "speculative.sdp_backends")
-    key = f"speculative.pairs.{pair_name}.engine"
-    longest = room(spec.prompt_len + spec.budget, max(spec.ks, default=0))
-    target, draft = (graphs.engine(m, pair.get("engine", "eager"), key, longest)
+    key, longest = f"speculative.pairs.{pair_name}.engine", spec.prompt_len + spec.budget
+    target, draft = (graphs.engine(m, pair.get("engine", "eager"), key, longest,
+                                   max(spec.ks, default=0))
                      for m in load_pair(target_dir, draft_dir, pair))
     prompts = heldout_prompts(target_dir, spec.prompts, spec.prompt_len, spec.seed)
     grid = make_grid(spec, hf_peer(pair))

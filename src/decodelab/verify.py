@@ -20,7 +20,6 @@ from . import graphs, longctx, models, tables
 from .config import GREEDY, LongVerificationJob, Pair, Verification
 from .errors import DecodelabError
 from .llamacpp import load_role
-from .pipelined import room
 from .sparse_kv import Policy
 from .speculative import generate
 from .train import heldout_prompts
@@ -143,10 +142,12 @@ def run_monte_carlo(spec: Verification) -> dict:
     return {"level": 2, "results": results, "power": power, "pvalues": pvalues}
 
 
-def load_pair(target_dir: str, draft_dir: str, roles: dict, key: str, max_len: int) -> tuple:
+def load_pair(target_dir: str, draft_dir: str, roles: dict, key: str, max_len: int,
+              k: int) -> tuple:
     """A configuration's target and draft in its engine (eager, or CUDA graphs holding
-    `max_len` tokens); `key` names the engine's config key in errors."""
-    return tuple(graphs.engine(load_role(d, roles, role), roles["engine"], key, max_len)
+    sequences of `max_len` tokens, drafted K = `k` ahead); `key` names the engine's config key
+    in errors."""
+    return tuple(graphs.engine(load_role(d, roles, role), roles["engine"], key, max_len, k)
                  for d, role in ((target_dir, "target"), (draft_dir, "draft")))
 
 
@@ -159,8 +160,7 @@ def run_real(spec: Verification, pair_name: str, pair: Pair, target_dir: str, dr
     real, prompt_len = spec.real, 32
     roles = asdict(pair) | {f"{role}_gguf": path for role, path in (gguf or {}).items()}
     load = partial(load_pair, target_dir, draft_dir, roles,
-                   f"speculative.pairs.{pair_name}.engine",
-                   room(prompt_len + real.budget, spec.k))
+                   f"speculative.pairs.{pair_name}.engine", prompt_len + real.budget, spec.k)
     target, draft = load()
     prompts = heldout_prompts(target_dir, real.prompts, prompt_len, seed)
     greedy_prompts = heldout_prompts(target_dir, real.greedy_prompts, prompt_len, seed + 1)
