@@ -143,7 +143,7 @@ def run_monte_carlo(spec: Verification) -> dict:
 
 
 def load_pair(target_dir: str, draft_dir: str, roles: dict, key: str, max_len: int,
-              k: int) -> tuple:
+              k: int = 0) -> tuple:
     """A configuration's target and draft in its engine (eager, or CUDA graphs holding
     sequences of `max_len` tokens, drafted K = `k` ahead); `key` names the engine's config key
     in errors."""
