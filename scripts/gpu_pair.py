@@ -27,9 +27,11 @@ import torch
 from decodelab import graphs, sources, stability, stats, study
 from decodelab.config import Confidence, SpeculativeJob, Stability, load_settings
 from decodelab.decode import decode
+from decodelab.floor import copy_bandwidth
 from decodelab.io import write_raw
 
 BANDWIDTH = 4.3e12  # H200 HBM3e, bytes/s
+FLOOR_ENGINES = ("eager", "graph", "compiled", "autotuned")
 SMOKE_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "corpus_mb": 0.5, "seq_len": 64,
                "batch_size": 4, "steps": 20, "vocab_size": 512, "device": "cpu"}
 
@@ -155,10 +157,11 @@ def divergence(df: pd.DataFrame) -> pd.DataFrame:
 
 @torch.inference_mode()
 def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
-              device: str = "cuda") -> list[dict]:
-    """Decode time per token of an init model, eager, graph and compiled, against parameter
-    bytes over the HBM bandwidth (the floor of a memory-bound step). Off CUDA (--smoke) the
-    graph engine runs uncaptured, and nothing is compiled."""
+              device: str = "cuda", names: tuple[str, ...] = FLOOR_ENGINES) -> list[dict]:
+    """Decode time per token of an init model on each engine of `names`, against parameter
+    bytes over the HBM bandwidth (the floor of a memory-bound step): the H200's 4.3 TB/s and
+    the copy bandwidth measured here. Off CUDA (--smoke) the graph engine runs uncaptured, and
+    nothing is compiled."""
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):
@@ -166,14 +169,17 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     model.eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     floor = weight_bytes / BANDWIDTH
+    measured = copy_bandwidth(device)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), device=device)
     rows = []
     engines = {"eager": lambda: model}
-    for name in ("graph", "compiled") if device == "cuda" else ("graph",):
+    for name in names if device == "cuda" else ("graph",):
         engines[name] = lambda name=name: graphs.Engine(
             model, capture=device == "cuda", max_len=prompt.shape[1] + budget,
-            compile=name == "compiled")
+            compile=graphs.COMPILE_OPTIONS.get(name))
     for name, make in engines.items():
+        if name not in names:
+            continue
         engine = make()
         start = time.perf_counter()
         decode(engine, prompt, 16)  # warm-up (and the graphs' capture, the compilation)
@@ -184,7 +190,9 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
             rows.append({"model": preset, "dtype": str(dtype).removeprefix("torch."),
                          "engine": name, "repeat": r, "budget": budget, "step_s": step,
                          "weight_bytes": weight_bytes, "floor_s": floor,
-                         "over_floor": step / floor})
+                         "over_floor": step / floor, "copy_bandwidth": measured,
+                         "over_measured_floor": step * measured / weight_bytes,
+                         "device": torch.cuda.get_device_name() if device == "cuda" else device})
             log(f"{preset} {name}: {step * 1e3:.3f} ms/token, {step / floor:.2f}x the floor")
     return rows
 
@@ -219,6 +227,8 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, eager only")
     p.add_argument("--parts", default="pair,bandwidth",
                    help="what to run: pair (train and time the pair), bandwidth, or both")
+    p.add_argument("--floor-engines", default=",".join(FLOOR_ENGINES),
+                   help="the engines timed against the bandwidth floor")
     args = p.parse_args(argv)
     deadline, out, failed = Deadline(args.deadline), Path(args.out), []
     (out / "stats").mkdir(parents=True, exist_ok=True)
@@ -228,7 +238,7 @@ def main(argv=None) -> int:
     if "pair" in parts:
         time_pair(settings, out, Path(args.models), args.smoke, deadline, failed)
     if "bandwidth" in parts:
-        time_floors(out, args.smoke, deadline, failed)
+        time_floors(out, args.smoke, deadline, failed, tuple(args.floor_engines.split(",")))
     log(f"done, {deadline.left():.0f} s left" + (f"; FAILED: {', '.join(failed)}" * bool(failed)))
     return 1 if failed else 0
 
@@ -246,13 +256,17 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
                 write_tables(frames, out)
 
 
-def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str]) -> None:
+def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
+                names: tuple[str, ...]) -> None:
     rows = []
+    # seconds each needs: autotuning gpt2-xl's matmuls takes minutes
     floors = [("gpt2-tiny", torch.float32, 16, "cpu", 10)] if smoke else [
-        ("gpt2-xl", torch.float16, 256, "cuda", 150), ("gpt2", torch.float16, 256, "cuda", 60)]
+        ("gpt2-xl", torch.float16, 256, "cuda", 150 + 200 * ("autotuned" in names)),
+        ("gpt2", torch.float16, 256, "cuda", 60 + 100 * ("autotuned" in names))]
     for preset, dtype, budget, device, needs in floors:
         if deadline.allows(f"{preset} against the bandwidth floor", needs):
-            rows += attempt(preset, failed, bandwidth, preset, dtype, budget, 3, device) or []
+            rows += attempt(preset, failed, bandwidth, preset, dtype, budget, 3, device,
+                            names) or []
             pd.DataFrame(rows).to_csv(out / "stats/bandwidth.csv", index=False)
 
 

@@ -7,7 +7,9 @@
 # configuration, `decodelab verdicts`) and the latency table. Writes $OUT/gpu-sweeps.tgz holding
 # results/reference/cuda-h200/stable-timing/ (raw/, stats/, logs/, commands.sh).
 #   Usage: scripts/gpu_sweeps.sh [SECONDS (default 540)]
-#   MODELS="gpt2 gpt2-xl" REPS=3 BACKEND=cuda ENGINES="graph eager"; its test on a CPU:
+#   MODELS="gpt2 gpt2-xl" REPS=3 BACKEND=cuda ENGINES="graph eager"; engine `pinned` is `eager`
+#   with every process on one CPU core (PIN, default 2), to test whether the eager spread between
+#   processes follows the core that launches the kernels; its test on a CPU:
 #   BACKEND=cpu ENGINES=eager MODELS=gpt2-tiny REPS=2 scripts/gpu_sweeps.sh 300
 set -uo pipefail
 deadline=$((SECONDS + ${1:-540}))
@@ -15,6 +17,7 @@ models=${MODELS:-gpt2 gpt2-xl}
 reps=${REPS:-3}
 backend=${BACKEND:-cuda}
 engines=${ENGINES:-graph eager}
+pin=${PIN:-2}
 out=${OUT:-/tmp/gpu-sweeps-out}
 ref=results/reference/cuda-h200/stable-timing
 work=${WORK:-/tmp/gpu-sweeps}
@@ -28,13 +31,14 @@ mkdir -p "$out" "$work/$ref/logs" && cd "$work" || exit 1
 log=$ref/logs
 left() { echo $((deadline - SECONDS)); }
 say() { echo "[$(date -u +%T) left $(left)s] $*"; }
-run() {  # a decodelab verb making $2 (kept when an earlier call made it), logged and recorded
+run() {  # a decodelab verb making $2 (kept when an earlier call made it), logged and recorded;
+	# $launch (taskset ...) before it where set
 	local name=$1 made=$2 start=$SECONDS
 	shift 2
 	[ -e "$made" ] && return 0
-	timeout "$(($(left) > 30 ? $(left) - 30 : 1))" python3 -m decodelab.cli "$@" >"$log/$name.log" 2>&1 ||
+	timeout "$(($(left) > 30 ? $(left) - 30 : 1))" ${launch:-} python3 -m decodelab.cli "$@" >"$log/$name.log" 2>&1 ||
 		{ say "FAILED: $name"; tail -n 5 "$log/$name.log"; return 1; }
-	echo "decodelab $*  # $((SECONDS - start)) s" >>"$ref/commands.sh"
+	echo "${launch:+$launch }decodelab $*  # $((SECONDS - start)) s" >>"$ref/commands.sh"
 }
 { date -u; nvidia-smi 2>&1 | head -15; python3 -c "import torch, transformers
 print('torch', torch.__version__, 'transformers', transformers.__version__)"; } >"$log/env.txt"
@@ -51,7 +55,12 @@ for rep in $(seq 0 $((reps - 1))); do
 	for m in $models; do
 		for engine in $engines; do
 			[ "$(left)" -gt 60 ] || break 3
+			launch=
 			case $engine in
+			pinned)
+				launch="taskset -c $pin"
+				spec="{$sweep, \"sdp_backends\": [\"flash\", \"mem_efficient\", \"math\"]}"
+				;;
 			graph) spec="{$sweep, \"engine\": \"graph\", \"sdp_backends\": [\"flash\", \"mem_efficient\", \"math\"]}" ;;
 			*) spec="{$sweep, \"sdp_backends\": [\"flash\", \"mem_efficient\", \"math\"]}" ;;
 			esac
@@ -64,6 +73,7 @@ for rep in $(seq 0 $((reps - 1))); do
 	say "process $rep done"
 done
 
+launch=
 mkdir -p "$ref/stats"
 for engine in $engines; do
 	shopt -s nullglob

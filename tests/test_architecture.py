@@ -22,7 +22,7 @@ LAYERS = {
     "measure": {"devices", "models", "sources", "train", "decode", "sampling", "speculative",
                 "sweep", "study", "equivalence", "verify", "machine", "gguf_convert", "llamacpp",
                 "llamapeer", "graphs", "quantized", "sparse_kv", "longctx", "batched", "refresh",
-                "batchstudy", "longstudy", "budgetdraft", "floor", "pipelined"},
+                "batchstudy", "longstudy", "budgetdraft", "floor", "pipelined", "capture"},
     "analyze": {"stats", "theory", "regimes", "regime_depth", "changepoints", "phases",
                 "variance", "memory", "onsets", "collapse", "stability", "selection",
                 "quantized_stats", "scheduler", "batchsim", "longstats", "batchstats"},

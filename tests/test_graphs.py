@@ -296,7 +296,7 @@ def test_graph_autoregressive_equals_eager():
     eager = decode(target, ids, 60).tokens
     assert decode(engine, ids, 60).tokens == eager
     assert decode(engine, ids, 60).tokens == eager  # replayed graphs, a new sequence
-    assert set(engine.graphs) == {(len(PROMPT), 1), (1, 1)}
+    assert set(engine.recorder.graphs) == {(len(PROMPT), 1), (1, 1)}
 
 
 @pytest.mark.slow  # Inductor compiles each shape once: about a minute on 2 cores
@@ -304,16 +304,16 @@ def test_graph_autoregressive_equals_eager():
 def test_compiled_static_path_equals_eager(pair):
     target, _ = pair
     ids = torch.tensor([PROMPT])
-    engine = graphs.Engine(target, capture=False, compile=True)
+    engine = graphs.Engine(target, capture=False, compile={})
     assert decode(engine, ids, 30).tokens == decode(target, ids, 30).tokens
 
 
 @CUDA
-@pytest.mark.parametrize("k", [1, 4])
-def test_compiled_graph_speculative_equals_eager(k):
+@pytest.mark.parametrize("name, k", [("compiled", 1), ("compiled", 4), ("autotuned", 4)])
+def test_compiled_graph_speculative_equals_eager(name, k):
     target, draft = tiny(2, 64, seed=0, device="cuda"), tiny(1, 32, seed=1, device="cuda")
     eager = generate(target, draft, PROMPT, 64, k)
-    ours = generate(*(graphs.engine(m, "compiled", "test") for m in (target, draft)), PROMPT, 64, k)
+    ours = generate(*(graphs.engine(m, name, "test") for m in (target, draft)), PROMPT, 64, k)
     assert ours.tokens == eager.tokens
     assert ours.accepted == eager.accepted
     assert min(eager.accepted) < k
@@ -363,9 +363,9 @@ def test_graph_draft_replays_a_proposal_at_once(s):
     runs = [generate(target, d, PROMPT, 64, 4, s, seeded("cuda", 5), seeded("cuda", 6))
             for d in (draft, graphs.Engine(draft, capture=False), engine)]
     assert runs[2].tokens == runs[1].tokens == runs[0].tokens
-    assert {key[:2] for key in engine.graphs} <= {("draws", len(PROMPT)), ("draws", 1),
+    assert {key[:2] for key in engine.recorder.graphs} <= {("draws", len(PROMPT)), ("draws", 1),
                                                   ("draws", 2)}
-    assert {key[2] for key in engine.graphs} >= {4}
+    assert {key[2] for key in engine.recorder.graphs} >= {4}
 
 
 @CUDA
@@ -387,6 +387,7 @@ def test_graph_pipelined_loop_draws_what_the_synced_loop_draws(s):
             ours = generate(*engines, prompt, 64, k, s, seeded("cuda", 5), seeded("cuda", 6))
             same_but_the_last_call(ours, want, not s.greedy)
     assert engines[0].back is not None  # rollbacks replayed from a graph
+    assert set(engines[0].between.graphs) == {("verdict", k, s) for k in (1, 3, 4)}
 
 
 def test_capture_off_a_gpu_is_refused(pair):

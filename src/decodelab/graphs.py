@@ -8,9 +8,10 @@ autoregressive baseline and `decode.decode` run on it unchanged; `decode.new_cac
 engine for its cache. `fused` records a loop of passes and the device work between them as one
 graph: a proposal's K draft passes and draws (`speculative.run_draws`) cost the host one replay.
 
-Every graph of an engine shares one memory pool, so a pass's outputs are valid only until the
-engine's next pass: a graph captured earlier may replay over a later one's outputs. The loops
-use what a pass returns before the next, or copy it.
+Every pass's graph of an engine shares one memory pool (`capture.Recorder`), so a pass's outputs
+are valid only until the engine's next pass: a graph captured earlier may replay over a later
+one's outputs. The loops use what a pass returns before the next, or copy it. Graphs of the
+device work between passes (`between`: the pipelined loop's verdict) have a pool of their own.
 
 The cache's write position lives on the device (each `StaticLayer` keeps a `cumulative_length`
 tensor that its `update` reads and advances in place), so one captured graph serves every
@@ -29,7 +30,8 @@ iteration ahead of the device: each verdict, rollback and next input stays on th
 `compiled` is the graph engine over `torch.compile`'s kernels (Inductor, one compilation per
 input shape, then captured like the rest): a graph still pays each small kernel's launch and tail
 on the GPU, and fusing a layer's elementwise work into few kernels is how gpt-fast nears the
-bandwidth floor.
+bandwidth floor. `autotuned` compiles with Inductor's autotuning too (`COMPILE_OPTIONS`): minutes
+per shape, once.
 """
 
 from __future__ import annotations
@@ -39,12 +41,18 @@ from types import SimpleNamespace
 import torch
 from transformers import StaticCache
 
+from .capture import Recorder
 from .decode import cache_kwarg
 from .errors import DecodelabError
 from .pipelined import generate as pipelined_loop
 from .pipelined import room
 
-ENGINES = ("eager", "graph", "pipelined", "compiled")
+ENGINES = ("eager", "graph", "pipelined", "compiled", "autotuned")
+# Inductor's options per compiled engine. `autotuned` benchmarks Triton templates against cuBLAS
+# for each matmul and tunes each kernel's launch configuration, as gpt-fast does (its own CUDA
+# graphs stay off: the engine captures them).
+COMPILE_OPTIONS = {"compiled": {}, "autotuned": {"max_autotune": True,
+                                                 "coordinate_descent_tuning": True}}
 
 
 class Slots:
@@ -68,7 +76,7 @@ class Engine:
     CUDA graph per (input length, logits kept) once `capture` has recorded it."""
 
     def __init__(self, model, capture: bool = True, max_len: int | None = None,
-                 compile: bool = False, pipelined: bool = False):
+                 compile: dict | None = None, pipelined: bool = False):
         if capture and model.device.type != "cuda":
             raise DecodelabError(f"CUDA graphs need a CUDA device; {model.name_or_path!r} is on "
                                  f"{model.device.type}")
@@ -76,17 +84,18 @@ class Engine:
         self.capture = capture
         self.max_len = max_len or model.config.get_text_config().max_position_embeddings
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_len)
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple, object]] = {}
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.recorder = Recorder(capture)
+        self.between = Recorder(capture)  # device work between passes, in a pool of its own
         self.slots: Slots | None = None
         self.config = model.config
         self.device = model.device
         self.dtype = model.dtype
         self.name_or_path = model.name_or_path
         self.cache_kwarg = cache_kwarg(model)  # outside the compiled code: it inspects
-        self.compiled = compile
+        self.compiled = compile is not None
         self.speculative_loop = pipelined_loop if pipelined else None
-        self.run = torch.compile(self.passes, dynamic=False) if compile else self.passes
+        self.run = (torch.compile(self.passes, dynamic=False, options=compile) if self.compiled
+                    else self.passes)
         self.back: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
 
     def parameters(self):
@@ -125,7 +134,7 @@ class Engine:
             static = torch.zeros((), dtype=torch.long, device=self.device)
             torch._foreach_add_(self.counters(), static, alpha=-1)  # a warm-up moving nothing
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.recorder.pool):
                 torch._foreach_add_(self.counters(), static, alpha=-1)
             self.back = graph, static
         graph, static = self.back
@@ -150,27 +159,6 @@ class Engine:
         records, which keeps the cache's length itself."""
         return self.run(ids[None], 1)[0, -1].float()
 
-    def recorded(self, key, fn, inputs: tuple, advance: int):
-        """(graph, its input buffers, its outputs) of fn(*inputs), which writes `advance` tokens
-        to the cache: captured on first use at the current position after warm-up runs whose
-        writes are undone."""
-        if key not in self.graphs:
-            static = tuple(None if x is None else x.clone() for x in inputs)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                # Compiled code recompiles once the cache has been initialized by a first pass:
-                # every compilation must be done before capture (it syncs, which capture forbids).
-                for _ in range(1 + 2 * self.compiled):
-                    fn(*static)
-                    self.move_back(advance)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = fn(*static)
-            self.graphs[key] = graph, static, out
-        return self.graphs[key]
-
     def fused(self, key, fn, inputs: tuple, advance: int, cache: Slots):
         """fn(*inputs) after what `cache` holds, where fn writes `advance` tokens to the cache
         (through `run` or `step`) and may do device work of its own between passes: one graph
@@ -193,15 +181,12 @@ class Engine:
 
     def replay(self, key, fn, inputs: tuple, advance: int):
         """`fused` without the cache's length, for a loop that keeps it on the device
-        (`decodelab.pipelined`) and has checked the room beforehand."""
-        if not self.capture:
-            return fn(*inputs)
-        graph, static, out = self.recorded(key, fn, inputs, advance)
-        for buffer, x in zip(static, inputs, strict=True):
-            if buffer is not None:
-                buffer.copy_(x)
-        graph.replay()
-        return out
+        (`decodelab.pipelined`) and has checked the room beforehand. The warm-ups before capture
+        have their writes undone; compiled code recompiles once the cache has been initialized
+        by a first pass, and every compilation must be done before capture (it syncs, which
+        capture forbids)."""
+        return self.recorder.replay(key, fn, inputs, warm_ups=1 + 2 * self.compiled,
+                                    undo=lambda: self.move_back(advance))
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = True,
                 past_key_values: Slots | None = None, logits_to_keep: int = 0):
@@ -228,7 +213,7 @@ def require_cuda(model, name: str, key: str) -> None:
 
 
 def engine(model, name: str, key: str, max_len: int | None = None, k: int = 0):
-    """`model` as config `key` (eager, graph, pipelined or compiled) runs it: itself, or a graph
+    """`model` as config `key` (one of ENGINES) runs it: itself, or a graph
     engine whose cache holds `max_len` tokens (default: the model's positions). A pipelined
     engine's holds K + 1 more, for its loop's overshooting last proposal at draft length `k`;
     the others' no more than they need, as each pass attends over every slot."""
@@ -241,4 +226,4 @@ def engine(model, name: str, key: str, max_len: int | None = None, k: int = 0):
     pipelined = name == "pipelined"
     if pipelined and max_len is not None:
         max_len = room(max_len, k)
-    return Engine(model, max_len=max_len, compile=name == "compiled", pipelined=pipelined)
+    return Engine(model, max_len=max_len, compile=COMPILE_OPTIONS.get(name), pipelined=pipelined)

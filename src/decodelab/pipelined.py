@@ -25,7 +25,7 @@ import torch
 
 from .config import GREEDY, Sampling
 from .devices import now
-from .sampling import greedy_verdict, speculative_verdict, warp
+from .sampling import greedy_verdict, speculative_verdict, verdict_uniforms, warp
 from .speculative import Result, Spans, check_finite, draws, keep_ends, to_device, uniforms
 
 
@@ -65,10 +65,28 @@ class Verdicts:
         return self.buffers[slot].tolist()
 
 
+def decide(logits: torch.Tensor, probs: torch.Tensor | None, proposals: torch.Tensor,
+           t_last: torch.Tensor, u_accept: torch.Tensor | None, u_next: torch.Tensor | None,
+           k: int, s: Sampling):
+    """The device's turn after a verification: (the verdict [n, next, K proposals], the next
+    draft input [2], the next token [1], how far both caches move back (0-dim))."""
+    logits = logits[0].float()
+    if s.greedy:
+        decided = greedy_verdict(logits, proposals)
+    else:
+        p = warp(logits, s.temperature, s.top_k, s.top_p)
+        decided = speculative_verdict(p, probs, proposals, u=(u_accept, u_next))
+    n, nxt = decided[:1], decided[1:]
+    before = torch.where(n > 0, proposals.index_select(0, (n - 1).clamp_min(0)), t_last)
+    back = k - decided[0]  # both caches hold K - n tokens past their next length
+    return torch.cat([decided, proposals]), torch.cat([before, nxt]), nxt, back
+
+
 def iterate(target, draft, d_ids: torch.Tensor, t_last: torch.Tensor, k: int, s: Sampling,
             draft_generator, target_generator, spans: Spans):
     """Launch one iteration, no sync: (the verdict [n, next, K proposals], the next draft input
-    [2], the next token [1], the target's and the draft's logits)."""
+    [2], the next token [1], the target's and the draft's logits). The verdict and the next
+    inputs replay as one graph of their own: a sampled verdict is some thirty small kernels."""
     device = d_ids.device  # both roles'
     u = uniforms(k, s, draft_generator, device)
     with spans.span("draft", device, passes=k):
@@ -76,18 +94,13 @@ def iterate(target, draft, d_ids: torch.Tensor, t_last: torch.Tensor, k: int, s:
             ("draws", 2, k, s), lambda x, v: draws(draft.step, x, k, s, v), (d_ids, u), k + 1)
     with spans.span("target", device):
         ids = torch.cat([t_last, proposals])[None]
-        logits = target.replay(*target.pass_of(k + 1, k + 1), (ids,), k + 1)[0].float()
-    if s.greedy:
-        decided = greedy_verdict(logits, proposals)
-    else:
-        p = warp(logits, s.temperature, s.top_k, s.top_p)
-        decided = speculative_verdict(p, probs, proposals, target_generator)
-    back = k - decided[0]  # both caches hold K - n tokens past their next length
+        logits = target.replay(*target.pass_of(k + 1, k + 1), (ids,), k + 1)
+    v = (None, None) if s.greedy else verdict_uniforms(k, target_generator, device)
+    verdict, d_ids, t_last, back = target.between.replay(
+        ("verdict", k, s), lambda *x: decide(*x, k, s), (logits, probs, proposals, t_last, *v))
     target.move_back_by(back)
     draft.move_back_by(back)
-    n, nxt = decided[:1], decided[1:]
-    before = torch.where(n > 0, proposals.index_select(0, (n - 1).clamp_min(0)), t_last)
-    return (torch.cat([decided, proposals]), torch.cat([before, nxt]), nxt, logits, d_logits)
+    return verdict, d_ids, t_last, logits, d_logits
 
 
 @torch.inference_mode()

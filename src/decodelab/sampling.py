@@ -107,11 +107,21 @@ def speculative_accept(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     return n_accepted, token
 
 
+def verdict_uniforms(k: int, generator: torch.Generator | None, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uniforms a verdict on K draft tokens draws, in this order: one per accept test ([K])
+    and the next token's ([1, 1])."""
+    dtype = wide(device)
+    return (torch.rand(k, generator=generator, device=device, dtype=dtype),
+            torch.rand(1, 1, generator=generator, device=device, dtype=dtype))
+
+
 def speculative_verdict(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                        draft_tokens: torch.Tensor, generator: torch.Generator | None = None
-                        ) -> torch.Tensor:
+                        draft_tokens: torch.Tensor, generator: torch.Generator | None = None,
+                        u: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """`speculative_accept` without the host sync: [n_accepted, next_token] ([2], long) on the
-    tensors' device."""
+    tensors' device. `u`: its uniforms (`verdict_uniforms`), drawn beforehand (a CUDA graph
+    replays the verdict on them); None draws them from `generator`."""
     k = _check_verify_shapes(target_probs, draft_tokens, "target_probs")
     v = target_probs.shape[1]
     if tuple(draft_probs.shape) != (k, v):
@@ -125,12 +135,12 @@ def speculative_verdict(target_probs: torch.Tensor, draft_probs: torch.Tensor,
                          f"{target_probs.device}")
 
     dtype = wide(target_probs.device)
+    u_accept, u_next = u if u is not None else verdict_uniforms(k, generator, target_probs.device)
     tokens = draft_tokens.long().unsqueeze(1)
     p_x = target_probs[:k].gather(1, tokens).squeeze(1)
     q_x = draft_probs.gather(1, tokens).squeeze(1)
-    u = torch.rand(k, generator=generator, device=target_probs.device, dtype=dtype)
     # u * q < p rather than u < p / q: no 0/0 when q(x) = p(x) = 0. u's dtype makes it wide.
-    n = _leading_run(u * q_x < p_x)
+    n = _leading_run(u_accept * q_x < p_x)
 
     p_n = target_probs.index_select(0, n).to(dtype)
     if k == 0:
@@ -141,7 +151,7 @@ def speculative_verdict(target_probs: torch.Tensor, draft_probs: torch.Tensor,
         q_n = draft_probs.index_select(0, n.clamp_max(k - 1)) * (n < k)
         weights = _resample_weights(p_n, q_n, _residual_tol(target_probs.dtype,
                                                             draft_probs.dtype))
-    return torch.cat([n, _sample_no_sync(weights, generator)])
+    return torch.cat([n, _sample_no_sync(weights, generator, u_next)])
 
 
 def greedy_accept(target_logits_or_probs: torch.Tensor, draft_tokens: torch.Tensor

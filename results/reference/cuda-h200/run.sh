@@ -3,7 +3,7 @@
 # figures (no TeX there), resumable across calls on the same machine, one GPU job per GPU
 # (`--resources gpu=N`, decodelab takes a free device in each job).
 # Usage: run.sh SECONDS [pair [JOB...]]. With `pair`, only the trained pair's jobs (speculative,
-# eager and graph, parallelism, verification); JOBs (outputs under results/cuda-h200/) pick
+# eager and graph, parallelism, verification); JOBs (outputs under results/<host>/) pick
 # which of them, in order.
 set -uo pipefail
 deadline=$((SECONDS + ${1:-560}))
@@ -14,14 +14,19 @@ chmod +x /tmp/bin/decodelab
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/bin:$PATH PYTHONUNBUFFERED=1
 export DECODELAB_GIT_COMMIT=$(cat .gpu/commit 2>/dev/null || echo unknown)
 gpus=$(nvidia-smi -L | wc -l)
+# the host's name from its GPU's (cuda-h200, cuda-h100, ...): a run on another kind stays apart
+host=cuda-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | grep -o -i 'h[0-9]00' |
+  tr 'H' 'h')
+[ "$host" = cuda- ] && host=cuda-gpu
+echo "host: $host"
 sm() { timeout -s INT $((deadline - SECONDS)) python3 -m snakemake "$@" --configfile config/gpu.yaml \
-  --config host=cuda-h200 --cores "$(nproc)" --resources gpu="$gpus" bench_cpu=1 mps=1 \
+  --config host=$host --cores "$(nproc)" --resources gpu="$gpus" bench_cpu=1 mps=1 \
   --rerun-incomplete --keep-going --rerun-triggers params input code; }
 mkdir -p logs && { nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE; python3 -m pip list; } \
   >logs/gpu-env.txt 2>&1
 models=$(python3 -c "import yaml; print(' '.join('results/models/'+m for m in yaml.safe_load(open('config/gpu.yaml'))['models']))")
 [ "${2:-}" = pair ] && models="results/models/target results/models/draft"
-h=results/cuda-h200
+h=results/$host
 sm $models 2>&1 | grep -v "^\s*$" | tail -n 30        # models first: nothing is timed beside them
 for m in $models; do python3 -c "import json, sys; d = json.load(open(sys.argv[1]))
 print(sys.argv[1], 'held-out', d.get('heldout_loss'), 'train s', d.get('train_seconds'))" \
@@ -38,6 +43,6 @@ if [ "${2:-}" != pair ]; then
   sm $h/runs.parquet 2>&1 | tail -n 30                # the sweeps
   sm --omit-from paper 2>&1 | tail -n 40              # statistics and figures
 fi
-tar czf "$OUT/h200.tgz" results/cuda-h200 logs benchmarks results/models/*/decodelab.json \
+tar czf "$OUT/$host.tgz" "$h" logs benchmarks results/models/*/decodelab.json \
   results/models/*/config.json 2>/dev/null
 ls -la "$OUT"; echo "left: $((deadline - SECONDS)) s"
