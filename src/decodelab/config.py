@@ -172,7 +172,7 @@ class Sweep:
     backends: tuple[str, ...] | None = None
     ablation_models: tuple[str, ...] | None = None
     sdp_backends: tuple[str, ...] | None = None
-    engine: str | None = None  # eager; graph: static-cache CUDA graphs (decodelab.graphs)
+    engine: str | None = None  # eager, or a static-cache CUDA-graph engine (graphs.ENGINES)
 
     @classmethod
     def from_config(cls, section: Mapping, seed: int) -> Sweep:
@@ -208,7 +208,7 @@ class Pair:
     draft_backend: str = "pytorch"
     target_quant: str | None = None
     draft_quant: str | None = None
-    engine: str = "eager"  # or graph, pipelined, compiled: static-cache CUDA graphs (graphs)
+    engine: str = "eager"  # or graph, pipelined, compiled, autotuned: CUDA graphs (graphs)
 
     @property
     def devices(self) -> set[str]:
