@@ -301,10 +301,11 @@ def test_graph_autoregressive_equals_eager():
 
 @pytest.mark.slow  # Inductor compiles each shape once: about a minute on 2 cores
 @pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor needs a C++ compiler on a CPU")
-def test_compiled_static_path_equals_eager(pair):
+@pytest.mark.parametrize("name", ["compiled", "autotuned"])
+def test_compiled_static_path_equals_eager(pair, name):
     target, _ = pair
     ids = torch.tensor([PROMPT])
-    engine = graphs.Engine(target, capture=False, compile={})
+    engine = graphs.Engine(target, capture=False, compile=graphs.COMPILE_OPTIONS[name])
     assert decode(engine, ids, 30).tokens == decode(target, ids, 30).tokens
 
 
