@@ -10,6 +10,8 @@ from decodelab.sampling import (
     greedy_accept,
     sample,
     speculative_accept,
+    speculative_verdict,
+    verdict_uniforms,
     warp,
 )
 from decodelab.theory import expected_speedup, expected_tokens_per_call
@@ -177,6 +179,28 @@ def test_seeded_calls_are_reproducible():
     runs = [[speculative_accept(target, draft, tokens, g) for _ in range(20)]
             for g in (gen(10), gen(10))]
     assert runs[0] == runs[1]
+
+
+def test_uniforms_drawn_beforehand_give_the_verdicts_own_draws():
+    """A verdict on `verdict_uniforms` drawn beforehand (what a CUDA graph replays) equals one
+    drawing from the same generator itself, call after call, so the pipelined loop keeps the
+    synced loop's random stream. Negative control: the two draws swapped do not."""
+    target = torch.softmax(torch.randn(5, 100, generator=gen(7)), -1)
+    draft = torch.softmax(torch.softmax(torch.randn(4, 100, generator=gen(8)), -1) * 50, -1)
+    tokens = sample(draft, gen(9))
+    own, given, swapped = gen(10), gen(10), gen(10)
+    verdicts = [[], [], []]
+    for _ in range(40):
+        verdicts[0].append(speculative_verdict(target, draft, tokens, own).tolist())
+        u = verdict_uniforms(4, given, target.device)
+        verdicts[1].append(speculative_verdict(target, draft, tokens, u=u).tolist())
+        u_next = torch.rand(1, 1, generator=swapped, dtype=torch.float64)
+        u_accept = torch.rand(4, generator=swapped, dtype=torch.float64)
+        verdicts[2].append(speculative_verdict(target, draft, tokens, u=(u_accept, u_next))
+                           .tolist())
+    assert verdicts[1] == verdicts[0]
+    assert len({n for n, _ in verdicts[0]}) > 1  # the accept tests decide, not only p and q
+    assert verdicts[2] != verdicts[0]
 
 
 def test_one_host_sync_per_call(monkeypatch):
