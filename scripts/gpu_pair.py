@@ -172,15 +172,10 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     measured = copy_bandwidth(device)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), device=device)
     rows = []
-    engines = {"eager": lambda: model}
-    for name in names if device == "cuda" else ("graph",):
-        engines[name] = lambda name=name: graphs.Engine(
+    for name in names if device == "cuda" else ("eager", "graph"):
+        engine = model if name == "eager" else graphs.Engine(
             model, capture=device == "cuda", max_len=prompt.shape[1] + budget,
             compile=graphs.COMPILE_OPTIONS.get(name))
-    for name, make in engines.items():
-        if name not in names:
-            continue
-        engine = make()
         start = time.perf_counter()
         decode(engine, prompt, 16)  # warm-up (and the graphs' capture, the compilation)
         log(f"{preset} {name}: warm-up {time.perf_counter() - start:.1f} s")
