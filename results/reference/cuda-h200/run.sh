@@ -19,7 +19,8 @@ host=cuda-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | grep
   tr 'H' 'h')
 [ "$host" = cuda- ] && host=cuda-gpu
 echo "host: $host"
-sm() { timeout -s INT $((deadline - SECONDS)) python3 -m snakemake "$@" --configfile config/gpu.yaml \
+sm() { local left=$((deadline - SECONDS)); [ $left -gt 0 ] || { echo "no time left for $*"; return 1; }
+  timeout -s INT $left python3 -m snakemake "$@" --configfile config/gpu.yaml \
   --config host=$host --cores "$(nproc)" --resources gpu="$gpus" bench_cpu=1 mps=1 \
   --rerun-incomplete --keep-going --rerun-triggers params input code; }
 mkdir -p logs && { nvidia-smi; nvidia-smi -q -d CLOCK,PERFORMANCE; python3 -m pip list; } \
