@@ -24,8 +24,8 @@ Without capture (`capture=False`, any device) the engine runs the same static-ca
 eagerly: what the CPU tests compare with the eager engine, token for token.
 
 `pipelined` is the graph engine whose speculative loop (`decodelab.pipelined`) the host runs one
-iteration ahead of the device: each verdict, rollback and next input stays on the device
-(`move_back_by`), so the device never waits for the host's turn between iterations.
+iteration ahead of the device: each verdict, rollback and next input stays on the device, so the
+device never waits for the host's turn between iterations.
 
 `compiled` is the graph engine over `torch.compile`'s kernels (Inductor, one compilation per
 input shape, then captured like the rest): a graph still pays each small kernel's launch and tail
@@ -96,7 +96,7 @@ class Engine:
         self.speculative_loop = pipelined_loop if pipelined else None
         self.run = (torch.compile(self.passes, dynamic=False, options=compile) if self.compiled
                     else self.passes)
-        self.back: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
+        self.buffers: dict = {}  # a loop's own, which its graphs read in place (`pipelined`)
 
     def parameters(self):
         return self.model.parameters()
@@ -121,25 +121,6 @@ class Engine:
         """The write position of every layer n tokens back: one device op, no host sync."""
         if n > 0 and self.cache.is_initialized:
             torch._foreach_sub_(self.counters(), n)
-
-    def move_back_by(self, n: torch.Tensor) -> None:
-        """The write position of every layer n tokens back, n a 0-dim long tensor on the device:
-        a rollback whose length only the device knows, in one replay."""
-        # _foreach_add_ has a tensor overload; _foreach_sub_ would read n on the host (a sync,
-        # which capture forbids)
-        if not self.capture:
-            torch._foreach_add_(self.counters(), n, alpha=-1)
-            return
-        if self.back is None:
-            static = torch.zeros((), dtype=torch.long, device=self.device)
-            torch._foreach_add_(self.counters(), static, alpha=-1)  # a warm-up moving nothing
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.recorder.pool):
-                torch._foreach_add_(self.counters(), static, alpha=-1)
-            self.back = graph, static
-        graph, static = self.back
-        static.copy_(n)
-        graph.replay()
 
     def new_cache(self) -> Slots:
         """The one static cache, emptied: its buffers' addresses are in the captured graphs.
@@ -179,14 +160,14 @@ class Engine:
             raise DecodelabError(f"{self.name_or_path!r}: {tokens} tokens do not fit its static "
                                  f"cache of {self.max_len}")
 
-    def replay(self, key, fn, inputs: tuple, advance: int):
+    def replay(self, key, fn, inputs: tuple, advance: int, held: bool = False):
         """`fused` without the cache's length, for a loop that keeps it on the device
-        (`decodelab.pipelined`) and has checked the room beforehand. The warm-ups before capture
-        have their writes undone; compiled code recompiles once the cache has been initialized
-        by a first pass, and every compilation must be done before capture (it syncs, which
-        capture forbids)."""
+        (`decodelab.pipelined`) and has checked the room beforehand; `held` as
+        `Recorder.replay`'s. The warm-ups before capture have their writes undone; compiled code
+        recompiles once the cache has been initialized by a first pass, and every compilation
+        must be done before capture (it syncs, which capture forbids)."""
         return self.recorder.replay(key, fn, inputs, warm_ups=1 + 2 * self.compiled,
-                                    undo=lambda: self.move_back(advance))
+                                    undo=lambda: self.move_back(advance), held=held)
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = True,
                 past_key_values: Slots | None = None, logits_to_keep: int = 0):

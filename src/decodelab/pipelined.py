@@ -3,7 +3,7 @@
 `speculative.generate` waits for every verdict: the host needs the accepted count to extend the
 sequence, roll both caches back and feed the next tokens, and the device idles through that turn of
 the host. With graph engines none of it needs the host: a static cache's write position lives on
-the device (`graphs.Engine.move_back_by`), and the next inputs are the verdict's own tokens. So here
+the device (`graphs.Engine.counters`), and the next inputs are the verdict's own tokens. So here
 an iteration is launched whole, without a sync: the draft's proposal, the verification, the verdict,
 both rollbacks by K - n, the next inputs, and a copy of (n, the next token, the proposals) to
 pinned host memory. The host reads that copy while the device runs the next iteration, and never
@@ -25,8 +25,8 @@ import torch
 
 from .config import GREEDY, Sampling
 from .devices import now
-from .sampling import greedy_verdict, speculative_verdict, verdict_uniforms, warp
-from .speculative import Result, Spans, check_finite, draws, keep_ends, to_device, uniforms
+from .sampling import greedy_verdict, speculative_verdict, warp, wide
+from .speculative import Result, Spans, check_finite, draws, keep_ends, to_device
 
 
 def room(tokens: int, k: int) -> int:
@@ -65,42 +65,73 @@ class Verdicts:
         return self.buffers[slot].tolist()
 
 
-def decide(logits: torch.Tensor, probs: torch.Tensor | None, proposals: torch.Tensor,
-           t_last: torch.Tensor, u_accept: torch.Tensor | None, u_next: torch.Tensor | None,
-           k: int, s: Sampling):
-    """The device's turn after a verification: (the verdict [n, next, K proposals], the next
-    draft input [2], the next token [1], how far both caches move back (0-dim))."""
-    logits = logits[0].float()
+class Buffers:
+    """The loop's state at draft length K, in buffers fixed for the target engine's lifetime, which
+    the graphs read and write in place: the draft's next input (the sequence's last two tokens),
+    the uniforms of a proposal and of a verdict, and how far the verdict moved both caches back."""
+
+    def __init__(self, k: int, device: torch.device):
+        dtype = wide(device)
+        self.d_ids = torch.zeros(2, dtype=torch.long, device=device)
+        self.u = torch.zeros(k, 1, dtype=dtype, device=device)
+        self.u_accept = torch.zeros(k, dtype=dtype, device=device)
+        self.u_next = torch.zeros(1, 1, dtype=dtype, device=device)
+        self.back = torch.zeros((), dtype=torch.long, device=device)
+
+
+def drawn(s: Sampling, generator, *buffers: torch.Tensor) -> tuple:
+    """Fresh uniforms in the buffers, in place and in order (the draws of `uniforms` and
+    `verdict_uniforms`: `rand` is `uniform_`); greedy mode draws none."""
+    return tuple(None if s.greedy else b.uniform_(generator=generator) for b in buffers)
+
+
+def propose(draft, d_ids: torch.Tensor, u: torch.Tensor | None, k: int, s: Sampling):
+    """The draft's turn: (its K proposals' distributions or None, its logits after d_ids, the
+    target's input [the last token, K proposals])."""
+    proposals, probs, first = draws(draft.step, d_ids, k, s, u)
+    return probs, first, torch.cat([d_ids[1:], proposals])
+
+
+def decide(logits: torch.Tensor, probs: torch.Tensor | None, ids: torch.Tensor,
+           u_accept: torch.Tensor | None, u_next: torch.Tensor | None, buffers: Buffers,
+           counters: list[torch.Tensor], k: int, s: Sampling) -> torch.Tensor:
+    """The device's turn after a verification of `ids` [the last token, K proposals]: the
+    verdict [n, next, K proposals]; in place, the draft's next input and both caches' positions
+    moved back by K - n (each holds K - n tokens past its next length)."""
+    logits, t_last, proposals = logits[0].float(), ids[:1], ids[1:]
     if s.greedy:
         decided = greedy_verdict(logits, proposals)
     else:
         p = warp(logits, s.temperature, s.top_k, s.top_p)
         decided = speculative_verdict(p, probs, proposals, u=(u_accept, u_next))
-    n, nxt = decided[:1], decided[1:]
+    n = decided[:1]
     before = torch.where(n > 0, proposals.index_select(0, (n - 1).clamp_min(0)), t_last)
-    back = k - decided[0]  # both caches hold K - n tokens past their next length
-    return torch.cat([decided, proposals]), torch.cat([before, nxt]), nxt, back
+    buffers.d_ids.copy_(torch.cat([before, decided[1:]]))
+    buffers.back.copy_(k - decided[0])
+    torch._foreach_add_(counters, buffers.back, alpha=-1)
+    return torch.cat([decided, proposals])
 
 
-def iterate(target, draft, d_ids: torch.Tensor, t_last: torch.Tensor, k: int, s: Sampling,
-            draft_generator, target_generator, spans: Spans):
-    """Launch one iteration, no sync: (the verdict [n, next, K proposals], the next draft input
-    [2], the next token [1], the target's and the draft's logits). The verdict and the next
-    inputs replay as one graph of their own: a sampled verdict is some thirty small kernels."""
-    device = d_ids.device  # both roles'
-    u = uniforms(k, s, draft_generator, device)
+def iterate(target, draft, buffers: Buffers, k: int, s: Sampling, draft_generator,
+            target_generator, spans: Spans):
+    """Launch one iteration, no sync: (the verdict [n, next, K proposals], the target's and the
+    draft's logits). Each pass and the verdict replay a graph that reads the loop's buffers and
+    the other graphs' outputs in place: a sampled verdict is some thirty small kernels, and each
+    copy or replay outside a graph one launch more."""
+    device = buffers.d_ids.device  # both roles'
     with spans.span("draft", device, passes=k):
-        proposals, probs, d_logits = draft.replay(
-            ("draws", 2, k, s), lambda x, v: draws(draft.step, x, k, s, v), (d_ids, u), k + 1)
+        probs, d_logits, ids = draft.replay(
+            ("pipelined", k, s), lambda x, v: propose(draft, x, v, k, s),
+            (buffers.d_ids, *drawn(s, draft_generator, buffers.u)), k + 1, held=True)
     with spans.span("target", device):
-        ids = torch.cat([t_last, proposals])[None]
-        logits = target.replay(*target.pass_of(k + 1, k + 1), (ids,), k + 1)
-    v = (None, None) if s.greedy else verdict_uniforms(k, target_generator, device)
-    verdict, d_ids, t_last, back = target.between.replay(
-        ("verdict", k, s), lambda *x: decide(*x, k, s), (logits, probs, proposals, t_last, *v))
-    target.move_back_by(back)
-    draft.move_back_by(back)
-    return verdict, d_ids, t_last, logits, d_logits
+        logits = target.replay(("pipelined", k + 1), lambda x: target.run(x[None], k + 1),
+                               (ids,), k + 1, held=True)
+    counters = target.counters() + draft.counters()
+    verdict = target.between.replay(
+        ("verdict", k, s, draft), lambda *x: decide(*x, buffers, counters, k, s),
+        (logits, probs, ids, *drawn(s, target_generator, buffers.u_accept, buffers.u_next)),
+        undo=lambda: torch._foreach_add_(counters, buffers.back), held=True)
+    return verdict, logits, d_logits
 
 
 @torch.inference_mode()
@@ -121,12 +152,15 @@ def generate(target, draft, prompt: list[int], budget: int, k: int, s: Sampling 
     keep_ends(kept["target"], spans.feed("target", target, t_cache, ids[:-1], keep=1))
     if len(prompt) > 2:
         spans.feed("draft", draft, d_cache, ids[:-2], keep=1)
-    d_ids, t_last = ids[-2:], ids[-1:]
+    if k not in target.buffers:
+        target.buffers[k] = Buffers(k, device)
+    buffers = target.buffers[k]
+    buffers.d_ids.copy_(ids[-2:])
     while len(seq) - len(prompt) < budget:
         # Launch while even K + 1 tokens from every iteration in flight leave the budget short.
         while len(verdicts) < 2 and len(seq) - len(prompt) + (k + 1) * len(verdicts) < budget:
-            verdict, d_ids, t_last, t_logits, d_logits = iterate(
-                target, draft, d_ids, t_last, k, s, draft_generator, target_generator, spans)
+            verdict, t_logits, d_logits = iterate(
+                target, draft, buffers, k, s, draft_generator, target_generator, spans)
             verdicts.send(verdict)
             keep_ends(kept["target"], t_logits)
             keep_ends(kept["draft"], d_logits)
