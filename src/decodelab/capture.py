@@ -3,10 +3,10 @@
 A graph reads its inputs from buffers fixed at capture, so a replay first copies the new inputs
 there; its outputs are buffers too, rewritten by the next replay. A caller whose inputs are its own
 fixed buffers (another graph's outputs, a loop's state) has the graph read them in place (`held`):
-no copy, where each costs a launch. Graphs sharing a pool may reuse
-each other's memory: a graph captured earlier may replay over a later one's outputs, so a caller
-uses what a replay returns before its pool's next replay, or copies it. Without capture (any
-device) `replay` simply runs the function: what the CPU tests run.
+no copy, where each costs a launch. Graphs sharing a pool may reuse each other's memory: a graph
+captured earlier may replay over a later one's outputs, so a caller uses what a replay returns
+before its pool's next replay, or copies it. Without capture (any device) `replay` simply runs the
+function: what the CPU tests run.
 """
 
 from __future__ import annotations
