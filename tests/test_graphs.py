@@ -354,6 +354,26 @@ def test_compiled_static_path_equals_eager(pair, name):
     assert decode(engine, ids, 30).tokens == decode(target, ids, 30).tokens
 
 
+@pytest.mark.slow  # eleven compilations: about half a minute on 2 cores
+@pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor needs a C++ compiler on a CPU")
+def test_a_compiled_engine_compiles_every_shape_a_speculative_run_feeds():
+    """Prefill, one token and K + 1 for K = 1..8 are more shapes than dynamo's default limit of
+    8 compilations, past which it ran the rest uncompiled with a log line: every one is compiled.
+    Negative control: a limit reached is an error, not a silent fallback."""
+    model = tiny(1, 32, seed=1)
+    engine = graphs.Engine(model, capture=False, compile={})
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.inference_mode():
+        for n in [12, *range(1, 11)]:
+            engine(torch.tensor([PROMPT[:n]]), past_key_values=engine.new_cache())
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before == 11
+    other = graphs.Engine(tiny(1, 32, seed=2), capture=False, compile={})
+    with torch._dynamo.config.patch(recompile_limit=1), torch.inference_mode(), \
+            pytest.raises(Exception, match="fail_on_recompile_limit_hit"):
+        for n in (2, 3):
+            other(torch.tensor([PROMPT[:n]]), past_key_values=other.new_cache())
+
+
 @CUDA
 @pytest.mark.parametrize("name, k", [("compiled", 1), ("compiled", 4), ("autotuned", 4)])
 def test_compiled_graph_speculative_equals_eager(name, k):

@@ -55,6 +55,20 @@ COMPILE_OPTIONS = {"compiled": {}, "autotuned": {"max_autotune": True,
                                                  "coordinate_descent_tuning": True}}
 
 
+# A compiled engine compiles `passes` once per input shape, and every engine's compilations are
+# of that one code object: a speculative run's target alone has ten shapes (its prefill, one
+# token, K + 1 for K = 1..8), past dynamo's default limit of 8 per code object, beyond which it
+# runs the rest uncompiled with a log line. The limits are raised, and reaching one is an error.
+RECOMPILES = 128
+
+
+def allow_recompiles() -> None:
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILES)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * RECOMPILES)
+    config.fail_on_recompile_limit_hit = True
+
+
 class Slots:
     """The engine's static cache as the loops see a cache: its length, and `crop(-n)`."""
 
@@ -93,6 +107,8 @@ class Engine:
         self.name_or_path = model.name_or_path
         self.cache_kwarg = cache_kwarg(model)  # outside the compiled code: it inspects
         self.compiled = compile is not None
+        if self.compiled:
+            allow_recompiles()
         self.speculative_loop = pipelined_loop if pipelined else None
         self.run = (torch.compile(self.passes, dynamic=False, options=compile) if self.compiled
                     else self.passes)
