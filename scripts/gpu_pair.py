@@ -226,6 +226,9 @@ def main(argv=None) -> int:
     p.add_argument("--floor-engines", default=",".join(FLOOR_ENGINES),
                    help="the engines timed against the bandwidth floor")
     args = p.parse_args(argv)
+    if unknown := set(args.floor_engines.split(",")) - set(FLOOR_ENGINES):
+        p.error(f"--floor-engines: {', '.join(sorted(unknown))} not among "
+                f"{', '.join(FLOOR_ENGINES)}")
     deadline, out, failed = Deadline(args.deadline), Path(args.out), []
     (out / "stats").mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.enable_cudnn_sdp(False)  # a new cuDNN plan per key length (#18 item 6)
@@ -273,6 +276,7 @@ def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
                 rows += attempt(f"{preset} {name}", failed, bandwidth, preset, dtype, budget, 3,
                                 device, (name,)) or []
                 pd.DataFrame(rows).to_csv(out / "stats/bandwidth.csv", index=False)
+
 
 if __name__ == "__main__":
     sys.exit(main())

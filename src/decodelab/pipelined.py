@@ -25,8 +25,8 @@ import torch
 
 from .config import GREEDY, Sampling
 from .devices import now
-from .sampling import greedy_verdict, speculative_verdict, warp, wide
-from .speculative import Result, Spans, check_finite, draws, keep_ends, to_device
+from .sampling import greedy_verdict, speculative_verdict, verdict_uniforms, warp, wide
+from .speculative import Result, Spans, check_finite, draws, keep_ends, to_device, uniforms
 
 
 def room(tokens: int, k: int) -> int:
@@ -79,12 +79,6 @@ class Buffers:
         self.back = torch.zeros((), dtype=torch.long, device=device)
 
 
-def drawn(s: Sampling, generator, *buffers: torch.Tensor) -> tuple:
-    """Fresh uniforms in the buffers, in place and in order (the draws of `uniforms` and
-    `verdict_uniforms`: `rand` is `uniform_`); greedy mode draws none."""
-    return tuple(None if s.greedy else b.uniform_(generator=generator) for b in buffers)
-
-
 def propose(draft, d_ids: torch.Tensor, u: torch.Tensor | None, k: int, s: Sampling):
     """The draft's turn: (its K proposals' distributions or None, its logits after d_ids, the
     target's input [the last token, K proposals])."""
@@ -119,18 +113,24 @@ def iterate(target, draft, buffers: Buffers, k: int, s: Sampling, draft_generato
     the other graphs' outputs in place: a sampled verdict is some thirty small kernels, and each
     copy or replay outside a graph one launch more."""
     device = buffers.d_ids.device  # both roles'
+    u = uniforms(k, s, draft_generator, device, out=buffers.u)
     with spans.span("draft", device, passes=k):
         probs, d_logits, ids = draft.replay(
-            ("pipelined", k, s), lambda x, v: propose(draft, x, v, k, s),
-            (buffers.d_ids, *drawn(s, draft_generator, buffers.u)), k + 1, held=True)
+            ("pipelined", k, s), lambda x, v: propose(draft, x, v, k, s), (buffers.d_ids, u),
+            k + 1, held=True)
     with spans.span("target", device):
         logits = target.replay(("pipelined", k + 1), lambda x: target.run(x[None], k + 1),
                                (ids,), k + 1, held=True)
-    counters = target.counters() + draft.counters()
+    v = (None, None) if s.greedy else verdict_uniforms(
+        k, target_generator, device, out=(buffers.u_accept, buffers.u_next))
+
+    def counters():  # both caches' positions: read when the verdict is captured, not per replay
+        return target.counters() + draft.counters()
+
     verdict = target.between.replay(
-        ("verdict", k, s, draft), lambda *x: decide(*x, buffers, counters, k, s),
-        (logits, probs, ids, *drawn(s, target_generator, buffers.u_accept, buffers.u_next)),
-        undo=lambda: torch._foreach_add_(counters, buffers.back), held=True)
+        ("verdict", k, s, draft), lambda *x: decide(*x, buffers, counters(), k, s),
+        (logits, probs, ids, *v), undo=lambda: torch._foreach_add_(counters(), buffers.back),
+        held=True)
     return verdict, logits, d_logits
 
 

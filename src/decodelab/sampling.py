@@ -107,13 +107,14 @@ def speculative_accept(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     return n_accepted, token
 
 
-def verdict_uniforms(k: int, generator: torch.Generator | None, device: torch.device
+def verdict_uniforms(k: int, generator: torch.Generator | None, device: torch.device,
+                     out: tuple[torch.Tensor, torch.Tensor] = (None, None)
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The uniforms a verdict on K draft tokens draws, in this order: one per accept test ([K])
-    and the next token's ([1, 1])."""
+    and the next token's ([1, 1]); into `out` where given."""
     dtype = wide(device)
-    return (torch.rand(k, generator=generator, device=device, dtype=dtype),
-            torch.rand(1, 1, generator=generator, device=device, dtype=dtype))
+    return (torch.rand(k, generator=generator, device=device, dtype=dtype, out=out[0]),
+            torch.rand(1, 1, generator=generator, device=device, dtype=dtype, out=out[1]))
 
 
 def speculative_verdict(target_probs: torch.Tensor, draft_probs: torch.Tensor,

@@ -226,12 +226,13 @@ def pending(seq: list[int], cache: DynamicCache, device, verdict: Verdict | None
     return ids if ids is not None else to_device(seq[len(seq) - m:], device)
 
 
-def uniforms(n: int, s: Sampling, generator: torch.Generator | None, device
-             ) -> torch.Tensor | None:
-    """The uniforms of n draws ([n, 1]) in one launch; None in greedy mode, which draws none."""
+def uniforms(n: int, s: Sampling, generator: torch.Generator | None, device,
+             out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The uniforms of n draws ([n, 1]) in one launch (into `out` where given); None in greedy
+    mode, which draws none."""
     if s.greedy:
         return None
-    return torch.rand(n, 1, generator=generator, device=device, dtype=wide(device))
+    return torch.rand(n, 1, generator=generator, device=device, dtype=wide(device), out=out)
 
 
 def draw(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None = None,
