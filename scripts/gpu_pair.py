@@ -1,12 +1,13 @@
 """The GPU pair of #18 on one CUDA host without Snakemake (scripts/gpu_pair.sh runs it): train
 config/gpu.yaml's `target` and `draft`, time the speculative study on pair `cuda-cuda` in the
-eager and the graph engine, and graph-mode decoding of gpt2-xl against the bandwidth floor.
+eager and the graph engine, graph-mode decoding of gpt2-xl against the bandwidth floor, and the
+pipelined loop's own overhead with its verdict compiled and not.
 
 Writes under --out: models/<name>/ (manifests and configs), raw/speculative/<pair>/rep0.parquet
 (the study's own rows), stats/pair.csv (c, alpha, speedups, measured / predicted per engine, mode
 and K), stats/divergence.csv (greedy tokens of the graph engine against the eager one) and
-stats/bandwidth.csv (gpt2-xl and gpt2, float16). Every step checks the deadline first and is
-skipped, said so, past it.
+stats/bandwidth.csv (gpt2-xl and gpt2, float16) and stats/verdict.csv (the overhead, per run). Every
+step checks the deadline first and is skipped, said so, past it.
 `--smoke` shrinks everything to a CPU-sized check of this script's logic (eager engine only).
 """
 
@@ -24,8 +25,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from decodelab import graphs, sources, stability, stats, study
-from decodelab.config import Confidence, SpeculativeJob, Stability, load_settings
+from decodelab import graphs, sources, speculative, stability, stats, study
+from decodelab.config import GREEDY, Confidence, Sampling, SpeculativeJob, Stability, load_settings
 from decodelab.decode import decode
 from decodelab.floor import copy_bandwidth
 from decodelab.io import write_raw
@@ -193,6 +194,61 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     return rows
 
 
+@torch.inference_mode()
+def verdict_overhead(settings, smoke: bool, ks=(1, 2, 4, 8), repeats: int = 5,
+                     budget: int = 128) -> pd.DataFrame:
+    """The pipelined loop's time outside the draft's and the target's passes (its verdict, the
+    uniforms' draws, the copy to the host) per iteration, with the verdict compiled
+    (`fuse_verdict`) and as eager kernels captured (the default), on one pair of engines each
+    over the same two models, alternating run by run. The models are `init` ones of the pair's
+    shapes in bfloat16: an iteration's time does not depend on the weights (a random pair
+    accepts less, so it runs more iterations for the same budget, and its rollbacks are mostly
+    of all K: the compiled verdict's failure at K = 5 with a trained pair did not show here)."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    device = "cpu" if smoke else "cuda"
+    models = {}
+    for name in ("target", "draft"):
+        spec = model_spec(settings, name, smoke)
+        config = GPT2Config(n_layer=spec["n_layer"], n_embd=spec["n_embd"], n_head=spec["n_head"],
+                            n_positions=spec["n_positions"], vocab_size=spec["vocab_size"],
+                            bos_token_id=0, eos_token_id=0)
+        torch.manual_seed(1)
+        with torch.device(device):
+            models[name] = AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32 if smoke else torch.bfloat16).eval()
+    engines = {fused: [graphs.Engine(m, capture=not smoke, pipelined=True, fuse_verdict=fused)
+                       for m in models.values()] for fused in (True, False)}
+    prompt = torch.randint(0, models["target"].config.vocab_size, (32,)).tolist()
+    rows = []
+    for mode, s in (("greedy", GREEDY), ("sampled", Sampling(temperature=1.0))):
+        for k in (1, 3) if smoke else ks:
+            for repeat in range(-1, 2 if smoke else repeats):  # -1: capture and compilation
+                for fused, (target, draft) in engines.items():
+                    g = [torch.Generator(device).manual_seed(seed) for seed in (repeat, 99)]
+                    out = speculative.generate(target, draft, prompt, budget, k, s, *g)
+                    if repeat >= 0:
+                        rows.append({"mode": mode, "k": k, "repeat": repeat,
+                                     "verdict": "compiled" if fused else "eager",
+                                     "iterations": out.target_calls,
+                                     "iteration_us": out.total_s / out.target_calls * 1e6,
+                                     "overhead_us": out.overhead_s / out.target_calls * 1e6,
+                                     "overhead_share": out.overhead_share})
+            row = pd.DataFrame(rows).query("mode == @mode and k == @k").groupby("verdict")
+            log(f"verdict {mode} K={k}: median overhead " + ", ".join(
+                f"{v} {g.overhead_us.median():.1f} us ({g.overhead_share.median():.2%})"
+                for v, g in row))
+    return pd.DataFrame(rows)
+
+
+def time_verdict(settings, out: Path, smoke: bool, deadline: Deadline,
+                 failed: list[str]) -> None:
+    if deadline.allows("the verdict's overhead, compiled and not", 30 if smoke else 150):
+        df = attempt("verdict overhead", failed, verdict_overhead, settings, smoke)
+        if df is not None:
+            df.to_csv(out / "stats/verdict.csv", index=False)
+
+
 def write_tables(frames: list[pd.DataFrame], out: Path) -> None:
     df = pd.concat(frames, ignore_index=True)
     table = summary(df)
@@ -222,7 +278,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="results/models", help="where the pair is trained")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, eager only")
     p.add_argument("--parts", default="pair,bandwidth",
-                   help="what to run: pair (train and time the pair), bandwidth, or both")
+                   help="what to run, of: pair (train and time the pair), bandwidth, verdict "
+                   "(the pipelined loop's overhead, its verdict compiled and not)")
     p.add_argument("--floor-engines", default=",".join(FLOOR_ENGINES),
                    help="the engines timed against the bandwidth floor")
     args = p.parse_args(argv)
@@ -236,6 +293,8 @@ def main(argv=None) -> int:
     parts = set(args.parts.split(","))
     if "pair" in parts:
         time_pair(settings, out, Path(args.models), args.smoke, deadline, failed)
+    if "verdict" in parts:
+        time_verdict(settings, out, args.smoke, deadline, failed)
     if "bandwidth" in parts:
         time_floors(out, args.smoke, deadline, failed, tuple(args.floor_engines.split(",")))
     log(f"done, {deadline.left():.0f} s left" + (f"; FAILED: {', '.join(failed)}" * bool(failed)))

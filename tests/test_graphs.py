@@ -374,6 +374,21 @@ def test_a_compiled_engine_compiles_every_shape_a_speculative_run_feeds():
             other(torch.tensor([PROMPT[:n]]), past_key_values=other.new_cache())
 
 
+@pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor needs a C++ compiler on a CPU")
+@pytest.mark.parametrize("s", [Sampling(), SAMPLED])
+def test_a_compiled_verdict_draws_what_the_synced_loop_draws(pair, s):
+    """A pipelined engine's compiled verdict (`fuse_verdict`), here without capture: the synced
+    loop's tokens and accepted counts on the same seeds, one compilation per K."""
+    target, draft = pair
+    engines = [graphs.Engine(m, capture=False, pipelined=True, fuse_verdict=True) for m in pair]
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for k, prompt in [(3, PROMPT), (1, PROMPT[:2])]:
+        synced = generate(target, draft, prompt, 40, k, s, seeded("cpu", 5), seeded("cpu", 6))
+        ours = generate(*engines, prompt, 40, k, s, seeded("cpu", 5), seeded("cpu", 6))
+        same_but_the_last_call(ours, synced, not s.greedy)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 2
+
+
 @CUDA
 @pytest.mark.parametrize("name, k", [("compiled", 1), ("compiled", 4), ("autotuned", 4)])
 def test_compiled_graph_speculative_equals_eager(name, k):
@@ -443,9 +458,12 @@ def test_graphs_run_many_sequences(s):
 
 @CUDA
 @pytest.mark.parametrize("s", [Sampling(), SAMPLED])
-def test_graph_pipelined_loop_draws_what_the_synced_loop_draws(s):
+@pytest.mark.parametrize("fuse", [True, False])
+def test_graph_pipelined_loop_draws_what_the_synced_loop_draws(s, fuse):
+    """With the verdict as eager kernels (the engine's default) and compiled
+    (`fuse_verdict`)."""
     target, draft = tiny(2, 64, seed=0, device="cuda"), tiny(1, 32, seed=1, device="cuda")
-    engines = [graphs.engine(m, "pipelined", "test") for m in (target, draft)]
+    engines = [graphs.Engine(m, pipelined=True, fuse_verdict=fuse) for m in (target, draft)]
     synced = [graphs.Engine(m) for m in (target, draft)]
     for k, prompt in [(3, PROMPT), (1, PROMPT[:2]), (4, PROMPT)]:
         want = generate(*synced, prompt, 64, k, s, seeded("cuda", 5), seeded("cuda", 6))

@@ -128,9 +128,9 @@ def iterate(target, draft, buffers: Buffers, k: int, s: Sampling, draft_generato
         return target.counters() + draft.counters()
 
     verdict = target.between.replay(
-        ("verdict", k, s, draft), lambda *x: decide(*x, buffers, counters(), k, s),
-        (logits, probs, ids, *v), undo=lambda: torch._foreach_add_(counters(), buffers.back),
-        held=True)
+        ("verdict", k, s, draft), lambda *x: target.decide(*x, buffers, counters(), k, s),
+        (logits, probs, ids, *v), warm_ups=2,
+        undo=lambda: torch._foreach_add_(counters(), buffers.back), held=True)
     return verdict, logits, d_logits
 
 
