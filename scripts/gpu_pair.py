@@ -8,7 +8,7 @@ Writes under --out: models/<name>/ (manifests and configs), raw/speculative/<pai
 and K), stats/divergence.csv (greedy tokens of the graph engine against the eager one) and
 stats/bandwidth.csv (gpt2-xl and gpt2, float16) and stats/verdict.csv (the overhead, per run). Every
 step checks the deadline first and is skipped, said so, past it.
-`--smoke` shrinks everything to a CPU-sized check of this script's logic (eager engine only).
+`--smoke` shrinks everything to a CPU-sized check of this script's logic (nothing captured).
 """
 
 from __future__ import annotations

@@ -108,8 +108,6 @@ class Engine:
         self.name_or_path = model.name_or_path
         self.cache_kwarg = cache_kwarg(model)  # outside the compiled code: it inspects
         self.compiled = compile is not None
-        if self.compiled:
-            allow_recompiles()
         self.speculative_loop = pipelined_loop if pipelined else None
         # `fuse_verdict`: the pipelined loop's verdict compiled (Inductor), some thirty small
         # kernels of the sampled rule fused into a few. It halved the loop's overhead on an H100
@@ -117,8 +115,8 @@ class Engine:
         # past its room at K = 5 there (a device-side assert in index_copy_), where the eager
         # kernels did not: not understood yet, so it stays off by default.
         fuse = pipelined and fuse_verdict
-        if fuse:
-            allow_recompiles()  # one compilation per K and rule
+        if self.compiled or fuse:  # one compilation per shape; the verdict's per K and rule
+            allow_recompiles()
         self.decide = torch.compile(decide, fullgraph=True, dynamic=False) if fuse else decide
         self.run = (torch.compile(self.passes, dynamic=False, options=compile) if self.compiled
                     else self.passes)
