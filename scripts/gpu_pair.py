@@ -195,15 +195,14 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
 
 
 @torch.inference_mode()
-def verdict_overhead(settings, smoke: bool, ks=(1, 2, 4, 8), repeats: int = 5,
+def verdict_overhead(settings, smoke: bool, ks=(1, 2, 4, 6, 8), repeats: int = 5,
                      budget: int = 128) -> pd.DataFrame:
     """The pipelined loop's time outside the draft's and the target's passes (its verdict, the
     uniforms' draws, the copy to the host) per iteration, with the verdict compiled
-    (`fuse_verdict`) and as eager kernels captured (the default), on one pair of engines each
-    over the same two models, alternating run by run. The models are `init` ones of the pair's
-    shapes in bfloat16: an iteration's time does not depend on the weights (a random pair
-    accepts less, so it runs more iterations for the same budget, and its rollbacks are mostly
-    of all K: the compiled verdict's failure at K = 5 with a trained pair did not show here)."""
+    (`fuse_verdict`, as the config's `pipelined` engine runs it) and as eager kernels captured,
+    on one pair of engines each over the same two models, alternating run by run. The models
+    are `init` ones of the pair's shapes in bfloat16: an iteration's time does not depend on
+    the weights (a random pair accepts less, so it runs more iterations for the same budget)."""
     from transformers import AutoModelForCausalLM, GPT2Config
 
     device = "cpu" if smoke else "cuda"

@@ -386,7 +386,16 @@ def test_a_compiled_verdict_draws_what_the_synced_loop_draws(pair, s):
         synced = generate(target, draft, prompt, 40, k, s, seeded("cpu", 5), seeded("cpu", 6))
         ours = generate(*engines, prompt, 40, k, s, seeded("cpu", 5), seeded("cpu", 6))
         same_but_the_last_call(ours, synced, not s.greedy)
+        assert_caches_end_where_the_host_says(engines, prompt, ours)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 2
+
+
+def assert_caches_end_where_the_host_says(engines, prompt, result):
+    """A pipelined run's caches hold every token it wrote: the target all but the last, the
+    draft one fewer (its last input is written again next time)."""
+    written = len(prompt) + sum(n + 1 for n in result.accepted) - 1
+    for engine, length in zip(engines, (written, written - 1), strict=True):
+        assert {c.item() for c in engine.counters()} == {length}
 
 
 @CUDA
@@ -459,22 +468,27 @@ def test_graphs_run_many_sequences(s):
 @CUDA
 @pytest.mark.parametrize("s", [Sampling(), SAMPLED])
 @pytest.mark.parametrize("fuse", [True, False])
-def test_graph_pipelined_loop_draws_what_the_synced_loop_draws(s, fuse):
-    """With the verdict as eager kernels (the engine's default) and compiled
-    (`fuse_verdict`)."""
-    target, draft = tiny(2, 64, seed=0, device="cuda"), tiny(1, 32, seed=1, device="cuda")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_pipelined_loop_draws_what_the_synced_loop_draws(s, fuse, dtype):
+    """With the verdict as eager kernels (the engine's default) and compiled (`fuse_verdict`),
+    whose rollback of both caches Inductor once raced at K = 5..7: the caches end where the host
+    says."""
+    target, draft = (tiny(*shape, seed=i, device="cuda").to(dtype)
+                     for i, shape in enumerate([(2, 64), (1, 32)]))
     engines = [graphs.Engine(m, pipelined=True, fuse_verdict=fuse) for m in (target, draft)]
     synced = [graphs.Engine(m) for m in (target, draft)]
-    for k, prompt in [(3, PROMPT), (1, PROMPT[:2]), (4, PROMPT)]:
+    ks = (3, 1, 4, 5, 6, 7)
+    for k, prompt in zip(ks, [PROMPT, PROMPT[:2], *[PROMPT] * 4], strict=True):
         want = generate(*synced, prompt, 64, k, s, seeded("cuda", 5), seeded("cuda", 6))
         for _ in range(2):
             ours = generate(*engines, prompt, 64, k, s, seeded("cuda", 5), seeded("cuda", 6))
             same_but_the_last_call(ours, want, not s.greedy)
+            assert_caches_end_where_the_host_says(engines, prompt, ours)
     # each iteration's graphs read the loop's buffers and each other's outputs in place
     _, static, (_, _, ids) = engines[1].recorder.graphs[("pipelined", 4, s)]
     assert static[0] is engines[0].buffers[4].d_ids
     assert engines[0].recorder.graphs[("pipelined", 5)][1][0] is ids
-    assert set(engines[0].between.graphs) == {("verdict", k, s, engines[1]) for k in (1, 3, 4)}
+    assert set(engines[0].between.graphs) == {("verdict", k, s, engines[1]) for k in ks}
 
 
 def test_capture_off_a_gpu_is_refused(pair):

@@ -87,11 +87,11 @@ def propose(draft, d_ids: torch.Tensor, u: torch.Tensor | None, k: int, s: Sampl
 
 
 def decide(logits: torch.Tensor, probs: torch.Tensor | None, ids: torch.Tensor,
-           u_accept: torch.Tensor | None, u_next: torch.Tensor | None, buffers: Buffers,
-           counters: list[torch.Tensor], k: int, s: Sampling) -> torch.Tensor:
+           u_accept: torch.Tensor | None, u_next: torch.Tensor | None, buffers: Buffers, k: int,
+           s: Sampling) -> torch.Tensor:
     """The device's turn after a verification of `ids` [the last token, K proposals]: the
-    verdict [n, next, K proposals]; in place, the draft's next input and both caches' positions
-    moved back by K - n (each holds K - n tokens past its next length)."""
+    verdict [n, next, K proposals]; in place, the draft's next input and how far both caches
+    move back (K - n: each holds K - n tokens past its next length)."""
     logits, t_last, proposals = logits[0].float(), ids[:1], ids[1:]
     if s.greedy:
         decided = greedy_verdict(logits, proposals)
@@ -102,7 +102,6 @@ def decide(logits: torch.Tensor, probs: torch.Tensor | None, ids: torch.Tensor,
     before = torch.where(n > 0, proposals.index_select(0, (n - 1).clamp_min(0)), t_last)
     buffers.d_ids.copy_(torch.cat([before, decided[1:]]))
     buffers.back.copy_(k - decided[0])
-    torch._foreach_add_(counters, buffers.back, alpha=-1)
     return torch.cat([decided, proposals])
 
 
@@ -127,9 +126,16 @@ def iterate(target, draft, buffers: Buffers, k: int, s: Sampling, draft_generato
     def counters():  # both caches' positions: read when the verdict is captured, not per replay
         return target.counters() + draft.counters()
 
+    def decided(*x):
+        verdict = target.decide(*x, buffers, k, s)
+        # Outside the compiled verdict (`fuse_verdict`): Inductor fused this move with the sum
+        # that yields n into one kernel whose blocks for the other counters read n before the
+        # block writing it had run (H100, greedy K = 5..7; cuda-h100/fused-verdict/README.md).
+        torch._foreach_add_(counters(), buffers.back, alpha=-1)
+        return verdict
+
     verdict = target.between.replay(
-        ("verdict", k, s, draft), lambda *x: target.decide(*x, buffers, counters(), k, s),
-        (logits, probs, ids, *v), warm_ups=2,
+        ("verdict", k, s, draft), decided, (logits, probs, ids, *v), warm_ups=2,
         undo=lambda: torch._foreach_add_(counters(), buffers.back), held=True)
     return verdict, logits, d_logits
 
