@@ -5,11 +5,12 @@
 # graphs) and `eager` with cuDNN attention left out (sdp_backends flash, mem_efficient, math,
 # the backend the H200 diagnosis picks), then the verdicts (cv between processes per
 # configuration, `decodelab verdicts`) and the latency table. Writes $OUT/gpu-sweeps.tgz holding
-# results/reference/cuda-h200/stable-timing/ (raw/, stats/, logs/, commands.sh).
+# results/reference/cuda-h200/stable-timing/ (raw/, stats/, logs/, commands.sh), or REF.
 #   Usage: scripts/gpu_sweeps.sh [SECONDS (default 540)]
 #   MODELS="gpt2 gpt2-xl" REPS=3 BACKEND=cuda ENGINES="graph eager"; engine `pinned` is `eager`
 #   with every process on one CPU core (PIN, default 2), to test whether the eager spread between
-#   processes follows the core that launches the kernels; its test on a CPU:
+#   processes follows the core that launches the kernels (results/reference/cuda-h100/
+#   pinned-eager/: it does not); its test on a CPU:
 #   BACKEND=cpu ENGINES=eager MODELS=gpt2-tiny REPS=2 scripts/gpu_sweeps.sh 300
 set -uo pipefail
 deadline=$((SECONDS + ${1:-540}))
@@ -19,7 +20,7 @@ backend=${BACKEND:-cuda}
 engines=${ENGINES:-graph eager}
 pin=${PIN:-2}
 out=${OUT:-/tmp/gpu-sweeps-out}
-ref=results/reference/cuda-h200/stable-timing
+ref=${REF:-results/reference/cuda-h200/stable-timing}
 work=${WORK:-/tmp/gpu-sweeps}
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if ! python3 -c "import jsonschema" 2>/dev/null && ls .gpu/whl/*.whl >/dev/null 2>&1; then
