@@ -275,7 +275,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--config", default="config/gpu.yaml")
     p.add_argument("--models", default="results/models", help="where the pair is trained")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, eager only")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, nothing captured")
     p.add_argument("--parts", default="pair,bandwidth",
                    help="what to run, of: pair (train and time the pair), bandwidth, verdict "
                    "(the pipelined loop's overhead, its verdict compiled and not)")
