@@ -6,7 +6,8 @@ pipelined loop's own overhead with its verdict compiled and not.
 Writes under --out: models/<name>/ (manifests and configs), raw/speculative/<pair>/rep0.parquet
 (the study's own rows), stats/pair.csv (c, alpha, speedups, measured / predicted per engine, mode
 and K), stats/divergence.csv (greedy tokens of the graph engine against the eager one) and
-stats/bandwidth.csv (gpt2-xl and gpt2, float16) and stats/verdict.csv (the overhead, per run). Every
+stats/bandwidth.csv (gpt2-xl and gpt2, float16: each engine's step against the floor, and where the
+step's device time goes, kernel by kind) and stats/verdict.csv (the overhead, per run). Every
 step checks the deadline first and is skipped, said so, past it.
 `--smoke` shrinks everything to a CPU-sized check of this script's logic (nothing captured).
 """
@@ -14,8 +15,10 @@ step checks the deadline first and is skipped, said so, past it.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
+import re
 import shutil
 import sys
 import time
@@ -31,10 +34,93 @@ from decodelab.decode import decode
 from decodelab.floor import copy_bandwidth
 from decodelab.io import write_raw
 
-BANDWIDTH = 4.3e12  # H200 HBM3e, bytes/s
-FLOOR_ENGINES = ("eager", "graph", "compiled", "autotuned")
+# Peak memory bandwidth per card (bytes/s), by a part of its CUDA name: the H200's is #18's own
+# figure (its datasheet says 4.8 TB/s), the H100 SXM's (HBM3) the datasheet's. Another card's floor
+# is NaN; `over_measured_floor`, on the copy bandwidth measured in the process, holds for any.
+PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
+# The floor's engines: graphs.ENGINES' own, and `reductions`, gpt-fast's recipe for batch-1
+# matmuls. Inductor turns a one-row matmul into a reduction kernel (its bias and the elementwise
+# work beside it fused in, its launch configuration tuned) only under coordinate-descent tuning,
+# and only for `mm`: GPT-2's Conv1D calls `addmm`, which stays a cuBLAS call (torch/_inductor/
+# decomposition.py). `reductions` computes each Conv1D as a matmul and an add and compiles with
+# coordinate-descent tuning alone (gpt-fast sets no max_autotune).
+FLOOR_ENGINES = ("eager", "graph", "compiled", "autotuned", "reductions")
+FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": {"coordinate_descent_tuning": True}}
+# Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
+# kernels, reductions apart from pointwise ones; attention, whose kernels may be CUTLASS ones;
+# cuBLAS and CUTLASS GEMM/GEMV kernels; copies and indexing; the rest).
+KERNEL_KINDS = (("triton_reduction", r"^triton_(red|per)_"), ("triton_pointwise", r"^triton_"),
+                ("attention", r"attention|fmha|flash|softmax"),
+                ("matmul", r"gemm|gemv|cutlass|xmma|cublas|aten::(add)?mm"),
+                ("copy", r"copy|memcpy|memset|index|cat|scatter|gather"))
 SMOKE_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "corpus_mb": 0.5, "seq_len": 64,
                "batch_size": 4, "steps": 20, "vocab_size": 512, "device": "cpu"}
+
+
+def peak_bandwidth(device: str) -> float:
+    """The datasheet bandwidth of this CUDA card (PEAK_BANDWIDTH), NaN for another or a CPU."""
+    name = torch.cuda.get_device_name() if device == "cuda" else device
+    return next((b for part, b in PEAK_BANDWIDTH.items() if part in name), float("nan"))
+
+
+class MatmulConv1D(torch.nn.Module):
+    """GPT-2's Conv1D (x W + b, W [in, out]) as a matmul and an add, over the same parameters:
+    the form Inductor turns into a reduction at batch 1 (`reductions`)."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.weight, self.bias = conv.weight, conv.bias
+
+    def forward(self, x):
+        return torch.matmul(x, self.weight) + self.bias
+
+
+def as_matmuls(model):
+    """`model` with every Conv1D replaced by a MatmulConv1D, in place."""
+    from transformers.pytorch_utils import Conv1D
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Conv1D):
+                setattr(parent, name, MatmulConv1D(child))
+    return model
+
+
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, name, re.I)),
+                "other")
+
+
+def device_time(engine, prompt: torch.Tensor, budget: int, cuda: bool) -> dict[str, tuple]:
+    """Per kernel name (per aten op off CUDA): calls and self time in seconds, over one
+    `decode` of `budget` tokens under the profiler."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        decode(engine, prompt, budget)
+    if cuda:
+        return {e.key: (e.count, e.self_device_time_total / 1e6) for e in prof.key_averages()
+                if e.device_type == DeviceType.CUDA}
+    return {e.key: (e.count, e.self_cpu_time_total / 1e6) for e in prof.key_averages()
+            if e.key.startswith("aten::") and e.self_cpu_time_total > 0}
+
+
+def step_kernels(engine, prompt: torch.Tensor, steps: int, cuda: bool) -> dict[str, float]:
+    """A decoding step's kernels: how many, their device time, and that time by kind
+    (KERNEL_KINDS), from two profiled decodes that differ by `steps` tokens (so the prompt's
+    pass and the first steps cancel out), after one that is not counted (the first under the
+    profiler recompiles an uncaptured compiled engine)."""
+    _, short, long = (device_time(engine, prompt, n, cuda) for n in (2, 2, 2 + steps))
+    kinds = [kind for kind, _ in KERNEL_KINDS] + ["other"]
+    out = {"kernels_per_step": 0.0, "kernel_s": 0.0} | {f"{kind}_s": 0.0 for kind in kinds}
+    for name, (calls, seconds) in long.items():
+        calls0, seconds0 = short.get(name, (0, 0.0))
+        out["kernels_per_step"] += (calls - calls0) / steps
+        out["kernel_s"] += (seconds - seconds0) / steps
+        out[f"{kernel_kind(name)}_s"] += (seconds - seconds0) / steps
+    return out
 
 
 def log(*parts) -> None:
@@ -160,37 +246,50 @@ def divergence(df: pd.DataFrame) -> pd.DataFrame:
 def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
               device: str = "cuda", names: tuple[str, ...] = FLOOR_ENGINES) -> list[dict]:
     """Decode time per token of an init model on each engine of `names`, against parameter
-    bytes over the HBM bandwidth (the floor of a memory-bound step): the H200's 4.3 TB/s and
-    the copy bandwidth measured here. Off CUDA (--smoke) the graph engine runs uncaptured, and
-    nothing is compiled."""
+    bytes over the memory bandwidth (the floor of a memory-bound step): the card's peak
+    (PEAK_BANDWIDTH) and the copy bandwidth measured here; then where a step's device time goes
+    (`step_kernels`). Off CUDA (--smoke) the graph engine runs uncaptured, nothing is compiled,
+    and the kernels are aten ops."""
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(sources.preset_config(preset), dtype=dtype)
     model.eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    floor = weight_bytes / BANDWIDTH
+    floor = weight_bytes / peak_bandwidth(device)
     measured = copy_bandwidth(device)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), device=device)
     rows = []
-    uncompiled = ("eager", "graph")  # what runs off CUDA, where nothing is compiled
-    for name in names if device == "cuda" else [n for n in names if n in uncompiled]:
-        engine = model if name == "eager" else graphs.Engine(
-            model, capture=device == "cuda", max_len=prompt.shape[1] + budget,
-            compile=graphs.COMPILE_OPTIONS.get(name))
+    cuda = device == "cuda"
+    # Off CUDA nothing is compiled; `reductions` runs there as its Conv1D swap alone.
+    for name in names if cuda else [n for n in names if n in ("eager", "graph", "reductions")]:
+        variant = as_matmuls(copy.deepcopy(model)) if name == "reductions" else model
+        engine = variant if name == "eager" else graphs.Engine(
+            variant, capture=cuda, max_len=prompt.shape[1] + budget,
+            compile=FLOOR_COMPILE.get(name) if cuda else None)
         start = time.perf_counter()
         decode(engine, prompt, 16)  # warm-up (and the graphs' capture, the compilation)
         log(f"{preset} {name}: warm-up {time.perf_counter() - start:.1f} s")
+        timed = []
         for r in range(repeats):
             out = decode(engine, prompt, budget)
             step = float(pd.Series(out.step_s).median())
-            rows.append({"model": preset, "dtype": str(dtype).removeprefix("torch."),
-                         "engine": name, "repeat": r, "budget": budget, "step_s": step,
-                         "weight_bytes": weight_bytes, "floor_s": floor,
-                         "over_floor": step / floor, "copy_bandwidth": measured,
-                         "over_measured_floor": step * measured / weight_bytes,
-                         "device": torch.cuda.get_device_name() if device == "cuda" else device})
-            log(f"{preset} {name}: {step * 1e3:.3f} ms/token, {step / floor:.2f}x the floor")
+            timed.append({"model": preset, "dtype": str(dtype).removeprefix("torch."),
+                          "engine": name, "repeat": r, "budget": budget, "step_s": step,
+                          "weight_bytes": weight_bytes, "floor_s": floor,
+                          "over_floor": step / floor, "copy_bandwidth": measured,
+                          "over_measured_floor": step * measured / weight_bytes,
+                          "device": torch.cuda.get_device_name() if cuda else device})
+            log(f"{preset} {name}: {step * 1e3:.3f} ms/token, {step / floor:.2f}x the peak's "
+                f"floor, {step * measured / weight_bytes:.2f}x the copy's")
+        try:  # a diagnosis: where the profiler fails, the timings stay
+            kernels = step_kernels(engine, prompt, min(16, budget - 2), cuda)
+            log(f"{preset} {name}: {kernels['kernels_per_step']:.0f} kernels per step, busy "
+                f"{kernels['kernel_s'] / step:.0%} of it")
+        except RuntimeError as e:
+            log(f"{preset} {name}: no kernel split, the profiler failed: {e}")
+            kernels = {}
+        rows += [kernels | row for row in timed]
     return rows
 
 
@@ -316,8 +415,12 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # Seconds each engine needs per model: compiling takes a minute or two; autotuning gpt2-xl's
 # matmuls took over 330 s on an H100 and did not finish there (Inductor's caches keep what it
 # tuned for a later call on the same machine).
-FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500},
-               "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160}}
+# `reductions` tunes each reduction's launch configuration, about a minute per model (a guess:
+# it has not run yet).
+FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
+                           "reductions": 240},
+               "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,
+                        "reductions": 120}}
 
 
 def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],

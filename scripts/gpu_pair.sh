@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # #18 on the H200 in one device call, without Snakemake: train config/gpu.yaml's 24x512 target
 # and 1x512 draft, time the speculative study (greedy and sampled, its K) eager and graph
-# against the fair baseline, gpt2-xl and gpt2 fp16 (init weights) eager, graph and compiled
-# against the bandwidth floor (scripts/gpu_pair.py), then the graph engine's tests on the GPU. One tarball
-# in $OUT holds results/reference/cuda-h200/graph-engine/.
+# against the fair baseline, gpt2-xl and gpt2 fp16 (init weights) on each engine of the floor
+# (scripts/gpu_pair.py's FLOOR_ENGINES) against the bandwidth floor, with each step split into its
+# kernels, then the graph engine's tests on the GPU. One tarball in $OUT holds
+# results/reference/cuda-h200/graph-engine/.
 #   Usage: scripts/gpu_pair.sh [SECONDS (default 500)] [--smoke|""] [PARTS (default pair,bandwidth)]
 # --smoke checks the logic on a CPU host: tiny models, eager only, the tarball in $OUT or /tmp.
 # The earlier runs kept in the reference's run-*/ folders stay; this run's folders are replaced.

@@ -5,7 +5,8 @@
 # graphs) and `eager` with cuDNN attention left out (sdp_backends flash, mem_efficient, math,
 # the backend the H200 diagnosis picks), then the verdicts (cv between processes per
 # configuration, `decodelab verdicts`) and the latency table. Writes $OUT/gpu-sweeps.tgz holding
-# results/reference/cuda-h200/stable-timing/ (raw/, stats/, logs/, commands.sh), or REF.
+# results/reference/<card>/stable-timing/ (raw/, stats/, logs/, commands.sh; cuda-h200 or cuda-h100
+# by nvidia-smi's name, else the backend), or REF.
 #   Usage: scripts/gpu_sweeps.sh [SECONDS (default 540)]
 #   MODELS="gpt2 gpt2-xl" REPS=3 BACKEND=cuda ENGINES="graph eager"; engine `pinned` is `eager`
 #   with every process on one CPU core (PIN, default 2), to test whether the eager spread between
@@ -20,7 +21,9 @@ backend=${BACKEND:-cuda}
 engines=${ENGINES:-graph eager}
 pin=${PIN:-2}
 out=${OUT:-/tmp/gpu-sweeps-out}
-ref=${REF:-results/reference/cuda-h200/stable-timing}
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+case $card in *H200*) dev=cuda-h200 ;; *H100*) dev=cuda-h100 ;; *) dev=$backend ;; esac
+ref=${REF:-results/reference/$dev/stable-timing} # the card's reference, unless REF names one
 work=${WORK:-/tmp/gpu-sweeps}
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if ! python3 -c "import jsonschema" 2>/dev/null && ls .gpu/whl/*.whl >/dev/null 2>&1; then

@@ -1,6 +1,10 @@
-"""scripts/gpu_pair.py's verdict part (`--parts verdict`), the pipelined loop's overhead with its
-verdict compiled and not, at its CPU size (`--smoke`: nothing captured)."""
+"""scripts/gpu_pair.py at its CPU size (`--smoke`: nothing captured): the verdict part (the
+pipelined loop's overhead with its verdict compiled and not) and the bandwidth part (each engine's
+step against the floor, split into kernels by kind), and the pieces of the latter."""
 
+import copy
+import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -9,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,3 +34,100 @@ def test_the_verdict_part_times_both_verdicts_side_by_side(tmp_path):
     assert set(cells) == {2}  # repeats 0 and 1; the capture and compilation run is dropped
     assert ((df.overhead_us > 0) & (df.overhead_us < df.iteration_us)).all()
     assert df.overhead_share.between(0, 1, inclusive="neither").all()
+
+
+def gpu_pair():
+    """The script as a module, registered where dynamo looks up a traced class's module."""
+    if "gpu_pair" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("gpu_pair", ROOT / "scripts/gpu_pair.py")
+        sys.modules["gpu_pair"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["gpu_pair"])
+    return sys.modules["gpu_pair"]
+
+
+def tiny_gpt2():
+    from transformers import AutoModelForCausalLM
+
+    from decodelab import sources
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(sources.preset_config("gpt2-tiny")).eval()
+
+
+def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(tmp_path):
+    env = os.environ | {"PYTHONPATH": str(ROOT / "src")}
+    run = subprocess.run([sys.executable, "scripts/gpu_pair.py", "--smoke", "--parts",
+                          "bandwidth", "--deadline", "300", "--out", str(tmp_path)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    df = pd.read_csv(tmp_path / "stats/bandwidth.csv")
+    assert set(df.engine) == {"eager", "graph", "reductions"}  # nothing compiled off CUDA
+    assert df.groupby("engine").size().eq(3).all()
+    assert df.floor_s.isna().all()  # no datasheet for a CPU: only the copy's floor holds
+    assert (df.over_measured_floor > 1).all()
+    kinds = df[[c for c in df if c.endswith("_s") and c not in ("kernel_s", "step_s", "floor_s")]]
+    assert kinds.sum(axis=1).to_numpy() == pytest.approx(df.kernel_s.to_numpy())
+    assert (df.kernels_per_step > 0).all() and (df.matmul_s > 0).all()
+
+
+def test_reductions_swaps_every_conv1d_for_a_matmul_that_computes_the_same():
+    from transformers.pytorch_utils import Conv1D
+
+    module = gpu_pair()
+    model = tiny_gpt2()
+    ids = torch.randint(0, model.config.vocab_size, (1, 12))
+    with torch.inference_mode():
+        before = model(ids).logits
+        swapped = module.as_matmuls(copy.deepcopy(model))
+        after = swapped(ids).logits
+    assert not any(isinstance(m, Conv1D) for m in swapped.modules())
+    n = sum(isinstance(m, module.MatmulConv1D) for m in swapped.modules())
+    assert n == 4 * model.config.n_layer  # c_attn, c_proj, c_fc and the MLP's c_proj
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("triton_red_fused_add_mul_sum_3", "triton_reduction"),
+    ("triton_per_fused_native_layer_norm_1", "triton_reduction"),
+    ("triton_poi_fused_add_gelu_2", "triton_pointwise"),
+    ("fmha_cutlassF_f16_aligned_64x64_rf_sm80", "attention"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),
+    ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x64x64", "matmul"),
+    ("void gemv2T_kernel_val<int, int, __half, __half, float, 128, 16>", "matmul"),
+    ("void at::native::index_elementwise_kernel<128, 4>", "copy"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", "other"),
+])
+def test_kernels_are_sorted_by_kind(name, kind):
+    assert gpu_pair().kernel_kind(name) == kind
+
+
+@pytest.mark.parametrize("card, bandwidth", [("NVIDIA H200", 4.3e12),
+                                             ("NVIDIA H100 80GB HBM3", 3.35e12)])
+def test_the_peak_floor_follows_the_card(monkeypatch, card, bandwidth):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: card)
+    assert gpu_pair().peak_bandwidth("cuda") == bandwidth
+
+
+def test_an_unknown_card_has_no_peak_floor(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A10")
+    assert math.isnan(gpu_pair().peak_bandwidth("cuda"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor needs a C++ compiler on a CPU")
+@torch.inference_mode()
+def test_a_compiled_engines_step_is_profiled_without_its_recompilation():
+    """The first decode under the profiler recompiles an uncaptured compiled engine: counted, it
+    made a step's kernel count negative. Every step runs the same kernels, so the count per step
+    is a whole number."""
+    from decodelab import graphs
+    from decodelab.decode import decode
+
+    model = tiny_gpt2()
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16))
+    engine = graphs.Engine(model, capture=False, max_len=48, compile={})
+    decode(engine, prompt, 4)  # compiled outside the profiler
+    kernels = gpu_pair().step_kernels(engine, prompt, 8, cuda=False)
+    assert kernels["kernels_per_step"] > 0
+    assert float(kernels["kernels_per_step"]).is_integer()

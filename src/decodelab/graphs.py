@@ -49,8 +49,9 @@ from .pipelined import generate as pipelined_loop
 
 ENGINES = ("eager", "graph", "pipelined", "compiled", "autotuned")
 # Inductor's options per compiled engine. `autotuned` benchmarks Triton templates against cuBLAS
-# for each matmul and tunes each kernel's launch configuration, as gpt-fast does (its own CUDA
-# graphs stay off: the engine captures them).
+# for each matmul (max_autotune) and tunes each kernel's launch configuration (coordinate descent,
+# which gpt-fast turns on; it sets no max_autotune). Inductor's own CUDA graphs stay off: the
+# engine captures them.
 COMPILE_OPTIONS = {"compiled": {}, "autotuned": {"max_autotune": True,
                                                  "coordinate_descent_tuning": True}}
 
