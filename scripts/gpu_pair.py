@@ -15,6 +15,7 @@ step checks the deadline first and is skipped, said so, past it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
@@ -39,11 +40,16 @@ from decodelab.io import write_raw
 # is NaN; `over_measured_floor`, on the copy bandwidth measured in the process, holds for any.
 PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # The floor's engines: graphs.ENGINES' own, and `reductions`, gpt-fast's recipe for batch-1
-# matmuls. Inductor turns a one-row matmul into a reduction kernel (its bias and the elementwise
-# work beside it fused in, its launch configuration tuned) only under coordinate-descent tuning,
-# and only for `mm`: GPT-2's Conv1D calls `addmm`, which stays a cuBLAS call (torch/_inductor/
-# decomposition.py). `reductions` computes each Conv1D as a matmul and an add and compiles with
-# coordinate-descent tuning alone (gpt-fast sets no max_autotune).
+# decoding. Inductor turns a one-row matmul or bmm into a reduction kernel (its bias and the
+# elementwise work beside it fused in, its launch configuration tuned) only under
+# coordinate-descent tuning, and only for `mm`/`bmm` (torch/_inductor/decomposition.py): GPT-2's
+# Conv1D calls `addmm`, which stays a cuBLAS call, and the static cache's masked attention a
+# CUTLASS kernel. `reductions` stores each Conv1D's weight as a Linear's ([out, in], so a
+# reduction reads contiguous rows), computes it as a matmul and an add, runs attention on SDPA's
+# math backend (a bmm, a softmax and a bmm, which Inductor fuses) while it compiles, and compiles
+# with coordinate-descent tuning alone (gpt-fast sets no max_autotune). On an H100 it took gpt2-xl
+# from `compiled`'s 3.43 to 3.18 ms per token and gpt2 from 0.73 to 0.59 ms; Conv1D's own layout
+# was slower than `compiled` (results/reference/cuda-h100/floor-kernels/).
 FLOOR_ENGINES = ("eager", "graph", "compiled", "autotuned", "reductions")
 FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": {"coordinate_descent_tuning": True}}
 # Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
@@ -51,7 +57,7 @@ FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": {"coordinate_descent_tun
 # cuBLAS and CUTLASS GEMM/GEMV kernels; copies and indexing; the rest).
 KERNEL_KINDS = (("triton_reduction", r"^triton_(red|per)_"), ("triton_pointwise", r"^triton_"),
                 ("attention", r"attention|fmha|flash|softmax"),
-                ("matmul", r"gemm|gemv|cutlass|xmma|cublas|aten::(add)?mm"),
+                ("matmul", r"gemm|gemv|nvjet|cutlass|xmma|cublas|aten::(add)?mm"),
                 ("copy", r"copy|memcpy|memset|index|cat|scatter|gather"))
 SMOKE_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "corpus_mb": 0.5, "seq_len": 64,
                "batch_size": 4, "steps": 20, "vocab_size": 512, "device": "cpu"}
@@ -63,27 +69,46 @@ def peak_bandwidth(device: str) -> float:
     return next((b for part, b in PEAK_BANDWIDTH.items() if part in name), float("nan"))
 
 
-class MatmulConv1D(torch.nn.Module):
-    """GPT-2's Conv1D (x W + b, W [in, out]) as a matmul and an add, over the same parameters:
-    the form Inductor turns into a reduction at batch 1 (`reductions`)."""
+class LinearConv1D(torch.nn.Module):
+    """GPT-2's Conv1D (x W + b, W [in, out]) with W stored transposed, as a Linear's [out, in],
+    computed as a matmul and an add: the form Inductor turns into a reduction over contiguous
+    rows at batch 1 (`reductions`)."""
 
     def __init__(self, conv):
         super().__init__()
-        self.weight, self.bias = conv.weight, conv.bias
+        self.weight = torch.nn.Parameter(conv.weight.detach().t().contiguous(),
+                                         requires_grad=False)
+        self.bias = conv.bias
 
     def forward(self, x):
-        return torch.matmul(x, self.weight) + self.bias
+        return torch.matmul(x, self.weight.t()) + self.bias
 
 
-def as_matmuls(model):
-    """`model` with every Conv1D replaced by a MatmulConv1D, in place."""
+def as_linears(model):
+    """`model` with every Conv1D replaced by a LinearConv1D, in place."""
     from transformers.pytorch_utils import Conv1D
 
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, Conv1D):
-                setattr(parent, name, MatmulConv1D(child))
+                setattr(parent, name, LinearConv1D(child))
     return model
+
+
+@contextlib.contextmanager
+def math_attention(on: bool):
+    """SDPA's flash and memory-efficient backends off (cuDNN is off for the whole script), so
+    attention traced meanwhile is the math backend's."""
+    cuda = torch.backends.cuda
+    flash, efficient = cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled()
+    if on:
+        cuda.enable_flash_sdp(False)
+        cuda.enable_mem_efficient_sdp(False)
+    try:
+        yield
+    finally:
+        cuda.enable_flash_sdp(flash)
+        cuda.enable_mem_efficient_sdp(efficient)
 
 
 def kernel_kind(name: str) -> str:
@@ -263,12 +288,14 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     cuda = device == "cuda"
     # Off CUDA nothing is compiled; `reductions` runs there as its Conv1D swap alone.
     for name in names if cuda else [n for n in names if n in ("eager", "graph", "reductions")]:
-        variant = as_matmuls(copy.deepcopy(model)) if name == "reductions" else model
+        # A copy: dynamo would reuse a compilation of the same model, traced on other backends.
+        variant = as_linears(copy.deepcopy(model)) if name == "reductions" else model
         engine = variant if name == "eager" else graphs.Engine(
             variant, capture=cuda, max_len=prompt.shape[1] + budget,
             compile=FLOOR_COMPILE.get(name) if cuda else None)
         start = time.perf_counter()
-        decode(engine, prompt, 16)  # warm-up (and the graphs' capture, the compilation)
+        with math_attention(name == "reductions"):
+            decode(engine, prompt, 16)  # warm-up (and the graphs' capture, the compilation)
         log(f"{preset} {name}: warm-up {time.perf_counter() - start:.1f} s")
         timed = []
         for r in range(repeats):
@@ -415,8 +442,8 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # Seconds each engine needs per model: compiling takes a minute or two; autotuning gpt2-xl's
 # matmuls took over 330 s on an H100 and did not finish there (Inductor's caches keep what it
 # tuned for a later call on the same machine).
-# `reductions` tunes each reduction's launch configuration, about a minute per model (a guess:
-# it has not run yet).
+# `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
+# 74 s (gpt2) on an H100.
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
                            "reductions": 240},
                "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,

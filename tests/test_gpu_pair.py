@@ -70,7 +70,7 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     assert (df.kernels_per_step > 0).all() and (df.matmul_s > 0).all()
 
 
-def test_reductions_swaps_every_conv1d_for_a_matmul_that_computes_the_same():
+def test_reductions_swaps_every_conv1d_for_a_linear_layout_that_computes_the_same():
     from transformers.pytorch_utils import Conv1D
 
     module = gpu_pair()
@@ -78,11 +78,12 @@ def test_reductions_swaps_every_conv1d_for_a_matmul_that_computes_the_same():
     ids = torch.randint(0, model.config.vocab_size, (1, 12))
     with torch.inference_mode():
         before = model(ids).logits
-        swapped = module.as_matmuls(copy.deepcopy(model))
+        swapped = module.as_linears(copy.deepcopy(model))
         after = swapped(ids).logits
     assert not any(isinstance(m, Conv1D) for m in swapped.modules())
-    n = sum(isinstance(m, module.MatmulConv1D) for m in swapped.modules())
-    assert n == 4 * model.config.n_layer  # c_attn, c_proj, c_fc and the MLP's c_proj
+    linears = [m for m in swapped.modules() if isinstance(m, module.LinearConv1D)]
+    assert len(linears) == 4 * model.config.n_layer  # c_attn, c_proj, c_fc and the MLP's c_proj
+    assert all(m.weight.is_contiguous() and m.weight.shape[0] == m.bias.shape[0] for m in linears)
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
 
 
@@ -94,12 +95,24 @@ def test_reductions_swaps_every_conv1d_for_a_matmul_that_computes_the_same():
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),
     ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x64x64", "matmul"),
     ("void gemv2T_kernel_val<int, int, __half, __half, float, 128, 16>", "matmul"),
+    ("nvjet_sm90_hsh_64x8_64x16_4x1_v_bz_splitK_bias_NNT", "matmul"),  # cuBLASLt on an H100
     ("void at::native::index_elementwise_kernel<128, 4>", "copy"),
     ("Memcpy DtoD (Device -> Device)", "copy"),
     ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", "other"),
 ])
 def test_kernels_are_sorted_by_kind(name, kind):
     assert gpu_pair().kernel_kind(name) == kind
+
+
+def test_math_attention_turns_the_fused_backends_off_and_back_on():
+    cuda = torch.backends.cuda
+    before = cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled()
+    with gpu_pair().math_attention(True):
+        assert not cuda.flash_sdp_enabled() and not cuda.mem_efficient_sdp_enabled()
+        assert cuda.math_sdp_enabled()
+    assert (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled()) == before
+    with gpu_pair().math_attention(False):
+        assert (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled()) == before
 
 
 @pytest.mark.parametrize("card, bandwidth", [("NVIDIA H200", 4.3e12),
