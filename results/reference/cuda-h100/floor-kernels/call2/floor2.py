@@ -1,12 +1,13 @@
 """Floor variants for gpt2-xl and gpt2 (fp16, init weights), side by side with `compiled` in one
 process: attention on SDPA's math backend, Conv1D weights in the Linear layout, and
-coordinate-descent tuning. Run from the repository root (floor2.sh); reformatted for the linter
-after the run, nothing else changed. Usage: floor2.py OUT VARIANTS PRESETS SECONDS"""
+coordinate-descent tuning. Run from the repository root (floor2.sh). Since the run: reformatted
+for the linter, and its Conv1D swap and backend switch moved into scripts/gpu_pair.py
+(`as_linears`, `math_attention`, the same code) and are imported from there.
+Usage: floor2.py OUT VARIANTS PRESETS SECONDS"""
 
 import copy
 import sys
 import time
-from contextlib import contextmanager
 
 import pandas as pd
 import torch
@@ -18,46 +19,12 @@ import gpu_pair as gp  # noqa: E402
 from decodelab import graphs, sources  # noqa: E402
 from decodelab.decode import decode  # noqa: E402
 
-
-class LinearT(torch.nn.Module):
-    def __init__(self, conv):
-        super().__init__()
-        self.weight = torch.nn.Parameter(conv.weight.detach().t().contiguous(),
-                                         requires_grad=False)
-        self.bias = conv.bias
-
-    def forward(self, x):
-        return torch.matmul(x, self.weight.t()) + self.bias
-
-
-def as_linear(model):
-    from transformers.pytorch_utils import Conv1D
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, Conv1D):
-                setattr(parent, name, LinearT(child))
-    return model
-
-
-@contextmanager
-def math_sdpa(on):
-    f, e = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled()
-    if on:
-        torch.backends.cuda.enable_flash_sdp(False)
-        torch.backends.cuda.enable_mem_efficient_sdp(False)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.enable_flash_sdp(f)
-        torch.backends.cuda.enable_mem_efficient_sdp(e)
-
-
 CDT = {"coordinate_descent_tuning": True}
 # compiled_math reused compiled's compilation (same model object: dynamo's guards passed), so it
 # ran the memory-efficient kernel like compiled; the other variants compiled afresh.
 VARIANTS = {"compiled": (None, {}, False), "compiled_math": (None, {}, True),
-            "linear_math": (as_linear, {}, True), "inner": (as_linear, CDT, False),
-            "inner_math": (as_linear, CDT, True)}
+            "linear_math": (gp.as_linears, {}, True), "inner": (gp.as_linears, CDT, False),
+            "inner_math": (gp.as_linears, CDT, True)}
 
 
 @torch.inference_mode()
@@ -80,7 +47,7 @@ def main(out, names, presets, deadline):
             m = swap(copy.deepcopy(model)) if swap else model
             engine = graphs.Engine(m, capture=True, max_len=32 + 256, compile=opts)
             t = time.perf_counter()
-            with math_sdpa(math):
+            with gp.math_attention(math):
                 decode(engine, prompt, 16)
             print(preset, name, "warm-up", round(time.perf_counter() - t, 1), flush=True)
             steps = []
