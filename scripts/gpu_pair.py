@@ -33,6 +33,7 @@ from decodelab import graphs, sources, speculative, stability, stats, study
 from decodelab.config import GREEDY, Confidence, Sampling, SpeculativeJob, Stability, load_settings
 from decodelab.decode import decode
 from decodelab.floor import copy_bandwidth
+from decodelab.floor import weight_bytes as parameter_bytes
 from decodelab.io import write_raw
 
 # Peak memory bandwidth per card (bytes/s), by a part of its CUDA name: the H200's is #18's own
@@ -280,7 +281,7 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(sources.preset_config(preset), dtype=dtype)
     model.eval()
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    weight_bytes = parameter_bytes(model)
     floor = weight_bytes / peak_bandwidth(device)
     measured = copy_bandwidth(device)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), device=device)
