@@ -7,7 +7,8 @@ Writes under --out: models/<name>/ (manifests and configs), raw/speculative/<pai
 (the study's own rows), stats/pair.csv (c, alpha, speedups, measured / predicted per engine, mode
 and K), stats/divergence.csv (greedy tokens of the graph engine against the eager one) and
 stats/bandwidth.csv (gpt2-xl and gpt2, float16: each engine's step against the floor, and where the
-step's device time goes, kernel by kind) and stats/verdict.csv (the overhead, per run). Every
+step's device time goes, kernel by kind, and where its greedy tokens first part from the eager
+model's) and stats/verdict.csv (the overhead, per run). Every
 step checks the deadline first and is skipped, said so, past it.
 `--smoke` shrinks everything to a CPU-sized check of this script's logic (nothing captured).
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from decodelab import graphs, sources, speculative, stability, stats, study
+from decodelab import attention, fused, graphs, sources, speculative, stability, stats, study
 from decodelab.config import GREEDY, Confidence, Sampling, SpeculativeJob, Stability, load_settings
 from decodelab.decode import decode
 from decodelab.floor import copy_bandwidth
@@ -40,24 +41,22 @@ from decodelab.io import write_raw
 # figure (its datasheet says 4.8 TB/s), the H100 SXM's (HBM3) the datasheet's. Another card's floor
 # is NaN; `over_measured_floor`, on the copy bandwidth measured in the process, holds for any.
 PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
-# The floor's engines: graphs.ENGINES' own, and `reductions`, gpt-fast's recipe for batch-1
-# decoding. Inductor turns a one-row matmul or bmm into a reduction kernel (its bias and the
-# elementwise work beside it fused in, its launch configuration tuned) only under
-# coordinate-descent tuning, and only for `mm`/`bmm` (torch/_inductor/decomposition.py): GPT-2's
-# Conv1D calls `addmm`, which stays a cuBLAS call, and the static cache's masked attention a
-# CUTLASS kernel. `reductions` stores each Conv1D's weight as a Linear's ([out, in], so a
-# reduction reads contiguous rows), computes it as a matmul and an add, runs attention on SDPA's
-# math backend (a bmm, a softmax and a bmm, which Inductor fuses) while it compiles, and compiles
-# with coordinate-descent tuning alone (gpt-fast sets no max_autotune). On an H100 it took gpt2-xl
-# from `compiled`'s 3.43 to 3.18 ms per token and gpt2 from 0.73 to 0.59 ms; Conv1D's own layout
-# was slower than `compiled` (results/reference/cuda-h100/floor-kernels/).
-FLOOR_ENGINES = ("eager", "graph", "compiled", "autotuned", "reductions")
-FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": {"coordinate_descent_tuning": True}}
+# The floor's engines: graphs.ENGINES' own (`fused` is gpt-fast's recipe, decodelab.fused), and
+# two ablations of `fused`: `reductions`, its Linear layout and coordinate-descent tuning with
+# attention on SDPA's math backend (a bmm, a softmax and a bmm, which Inductor fuses) while it
+# compiles; and `+attend`, an engine with decodelab's attention kernel alone. On an H100
+# `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token and gpt2 from 0.73 to
+# 0.59 ms; Conv1D's own layout under coordinate descent was slower than `compiled`
+# (results/reference/cuda-h100/floor-kernels/).
+ATTEND = "+attend"
+FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
+    "reductions", "graph" + ATTEND, "compiled" + ATTEND)
+FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE}
 # Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
 # kernels, reductions apart from pointwise ones; attention, whose kernels may be CUTLASS ones;
 # cuBLAS and CUTLASS GEMM/GEMV kernels; copies and indexing; the rest).
 KERNEL_KINDS = (("triton_reduction", r"^triton_(red|per)_"), ("triton_pointwise", r"^triton_"),
-                ("attention", r"attention|fmha|flash|softmax"),
+                ("attention", r"attention|attend|fmha|flash|softmax"),
                 ("matmul", r"gemm|gemv|nvjet|cutlass|xmma|cublas|aten::(add)?mm"),
                 ("copy", r"copy|memcpy|memset|index|cat|scatter|gather"))
 SMOKE_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "corpus_mb": 0.5, "seq_len": 64,
@@ -68,32 +67,6 @@ def peak_bandwidth(device: str) -> float:
     """The datasheet bandwidth of this CUDA card (PEAK_BANDWIDTH), NaN for another or a CPU."""
     name = torch.cuda.get_device_name() if device == "cuda" else device
     return next((b for part, b in PEAK_BANDWIDTH.items() if part in name), float("nan"))
-
-
-class LinearConv1D(torch.nn.Module):
-    """GPT-2's Conv1D (x W + b, W [in, out]) with W stored transposed, as a Linear's [out, in],
-    computed as a matmul and an add: the form Inductor turns into a reduction over contiguous
-    rows at batch 1 (`reductions`)."""
-
-    def __init__(self, conv):
-        super().__init__()
-        self.weight = torch.nn.Parameter(conv.weight.detach().t().contiguous(),
-                                         requires_grad=False)
-        self.bias = conv.bias
-
-    def forward(self, x):
-        return torch.matmul(x, self.weight.t()) + self.bias
-
-
-def as_linears(model):
-    """`model` with every Conv1D replaced by a LinearConv1D, in place."""
-    from transformers.pytorch_utils import Conv1D
-
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, Conv1D):
-                setattr(parent, name, LinearConv1D(child))
-    return model
 
 
 @contextlib.contextmanager
@@ -268,6 +241,31 @@ def divergence(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def base_engine(name: str) -> str:
+    return name.removesuffix(ATTEND)
+
+
+def floor_engine(model, name: str, max_len: int, cuda: bool):
+    """`model` as floor engine `name` runs it, on a copy of it: dynamo would reuse a compilation
+    of the same model, traced on other backends."""
+    base = base_engine(name)
+    if base == "eager":
+        return model
+    variant = copy.deepcopy(model)
+    if base in ("reductions", "fused"):
+        fused.as_linears(variant)
+    if name.endswith(ATTEND) or base == "fused":
+        attention.use(variant)
+    return graphs.Engine(variant, capture=cuda, max_len=max_len,
+                         compile=FLOOR_COMPILE.get(base) if cuda else None)
+
+
+def first_divergence(tokens: list[int], reference: list[int]) -> int:
+    """The position of the first token where greedy `tokens` differ from `reference`'s; -1 if
+    none does."""
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), -1)
+
+
 @torch.inference_mode()
 def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
               device: str = "cuda", names: tuple[str, ...] = FLOOR_ENGINES) -> list[dict]:
@@ -285,28 +283,28 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     floor = weight_bytes / peak_bandwidth(device)
     measured = copy_bandwidth(device)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), device=device)
+    eager_tokens = decode(model, prompt, budget).tokens
     rows = []
     cuda = device == "cuda"
-    # Off CUDA nothing is compiled; `reductions` runs there as its Conv1D swap alone.
-    for name in names if cuda else [n for n in names if n in ("eager", "graph", "reductions")]:
-        # A copy: dynamo would reuse a compilation of the same model, traced on other backends.
-        variant = as_linears(copy.deepcopy(model)) if name == "reductions" else model
-        engine = variant if name == "eager" else graphs.Engine(
-            variant, capture=cuda, max_len=prompt.shape[1] + budget,
-            compile=FLOOR_COMPILE.get(name) if cuda else None)
+    # Off CUDA nothing is compiled: `reductions` and `fused` run there as their model's changes.
+    uncompiled = ("eager", "graph", "reductions", "fused")
+    for name in names if cuda else [n for n in names if base_engine(n) in uncompiled]:
+        engine = floor_engine(model, name, prompt.shape[1] + budget, cuda)
         start = time.perf_counter()
-        with math_attention(name == "reductions"):
+        with math_attention(base_engine(name) == "reductions"):
             decode(engine, prompt, 16)  # warm-up (and the graphs' capture, the compilation)
         log(f"{preset} {name}: warm-up {time.perf_counter() - start:.1f} s")
         timed = []
         for r in range(repeats):
             out = decode(engine, prompt, budget)
             step = float(pd.Series(out.step_s).median())
+            parted = first_divergence(out.tokens, eager_tokens)
             timed.append({"model": preset, "dtype": str(dtype).removeprefix("torch."),
                           "engine": name, "repeat": r, "budget": budget, "step_s": step,
                           "weight_bytes": weight_bytes, "floor_s": floor,
                           "over_floor": step / floor, "copy_bandwidth": measured,
                           "over_measured_floor": step * measured / weight_bytes,
+                          "diverges_from_eager_at": parted,
                           "device": torch.cuda.get_device_name() if cuda else device})
             log(f"{preset} {name}: {step * 1e3:.3f} ms/token, {step / floor:.2f}x the peak's "
                 f"floor, {step * measured / weight_bytes:.2f}x the copy's")
@@ -343,19 +341,20 @@ def verdict_overhead(settings, smoke: bool, ks=(1, 2, 4, 6, 8), repeats: int = 5
         with torch.device(device):
             models[name] = AutoModelForCausalLM.from_config(
                 config, dtype=torch.float32 if smoke else torch.bfloat16).eval()
-    engines = {fused: [graphs.Engine(m, capture=not smoke, pipelined=True, fuse_verdict=fused)
-                       for m in models.values()] for fused in (True, False)}
+    engines = {compiled: [graphs.Engine(m, capture=not smoke, pipelined=True,
+                                        fuse_verdict=compiled)
+                          for m in models.values()] for compiled in (True, False)}
     prompt = torch.randint(0, models["target"].config.vocab_size, (32,)).tolist()
     rows = []
     for mode, s in (("greedy", GREEDY), ("sampled", Sampling(temperature=1.0))):
         for k in (1, 3) if smoke else ks:
             for repeat in range(-1, 2 if smoke else repeats):  # -1: capture and compilation
-                for fused, (target, draft) in engines.items():
+                for compiled, (target, draft) in engines.items():
                     g = [torch.Generator(device).manual_seed(seed) for seed in (repeat, 99)]
                     out = speculative.generate(target, draft, prompt, budget, k, s, *g)
                     if repeat >= 0:
                         rows.append({"mode": mode, "k": k, "repeat": repeat,
-                                     "verdict": "compiled" if fused else "eager",
+                                     "verdict": "compiled" if compiled else "eager",
                                      "iterations": out.target_calls,
                                      "iteration_us": out.total_s / out.target_calls * 1e6,
                                      "overhead_us": out.overhead_s / out.target_calls * 1e6,
@@ -446,9 +445,9 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
 # 74 s (gpt2) on an H100.
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
-                           "reductions": 240},
+                           "reductions": 240, "fused": 240},
                "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,
-                        "reductions": 120}}
+                        "reductions": 120, "fused": 120}}
 
 
 def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
@@ -460,7 +459,7 @@ def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
         ("gpt2-xl", torch.float16, 256, "cuda"), ("gpt2", torch.float16, 256, "cuda")]
     for preset, dtype, budget, device in floors:
         for name in names:
-            needs = 10 if smoke else FLOOR_NEEDS[preset][name]
+            needs = 10 if smoke else FLOOR_NEEDS[preset][base_engine(name)]
             if deadline.allows(f"{preset} {name} against the bandwidth floor", needs):
                 rows += attempt(f"{preset} {name}", failed, bandwidth, preset, dtype, budget, 3,
                                 device, (name,)) or []

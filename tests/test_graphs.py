@@ -2,6 +2,7 @@
 capture), and its CUDA graphs equal it too (GPU only: `PYTHONPATH=src python3 -m pytest
 tests/test_graphs.py` on a CUDA host)."""
 
+import copy
 import math
 import shutil
 
@@ -10,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, GPT2Config
 
-from decodelab import capture, graphs
+from decodelab import capture, fused, graphs
 from decodelab import pipelined as pipelined_loop
 from decodelab.config import Sampling
 from decodelab.decode import decode
@@ -346,11 +347,13 @@ def test_graph_autoregressive_equals_eager():
 
 @pytest.mark.slow  # Inductor compiles each shape once: about a minute on 2 cores
 @pytest.mark.skipif(shutil.which("c++") is None, reason="Inductor needs a C++ compiler on a CPU")
-@pytest.mark.parametrize("name", ["compiled", "autotuned"])
+@pytest.mark.parametrize("name", ["compiled", "autotuned", "fused"])
 def test_compiled_static_path_equals_eager(pair, name):
+    """`fused` off CUDA: its Linear layout compiled, its attention SDPA (no Triton)."""
     target, _ = pair
     ids = torch.tensor([PROMPT])
-    engine = graphs.Engine(target, capture=False, compile=graphs.COMPILE_OPTIONS[name])
+    model = fused.prepare(copy.deepcopy(target)) if name == "fused" else target
+    engine = graphs.Engine(model, capture=False, compile=graphs.COMPILE_OPTIONS[name])
     assert decode(engine, ids, 30).tokens == decode(target, ids, 30).tokens
 
 
@@ -397,7 +400,8 @@ def assert_caches_end_where_the_host_says(engines):
 
 
 @CUDA
-@pytest.mark.parametrize("name, k", [("compiled", 1), ("compiled", 4), ("autotuned", 4)])
+@pytest.mark.parametrize("name, k", [("compiled", 1), ("compiled", 4), ("autotuned", 4),
+                                     ("fused", 1), ("fused", 4)])
 def test_compiled_graph_speculative_equals_eager(name, k):
     target, draft = tiny(2, 64, seed=0, device="cuda"), tiny(1, 32, seed=1, device="cuda")
     eager = generate(target, draft, PROMPT, 64, k)

@@ -208,7 +208,7 @@ class Pair:
     draft_backend: str = "pytorch"
     target_quant: str | None = None
     draft_quant: str | None = None
-    engine: str = "eager"  # or graph, pipelined, compiled, autotuned: CUDA graphs (graphs)
+    engine: str = "eager"  # or graph, pipelined, compiled, autotuned, fused: CUDA graphs (graphs)
 
     @property
     def devices(self) -> set[str]:

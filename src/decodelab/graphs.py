@@ -31,7 +31,9 @@ device never waits for the host's turn between iterations.
 input shape, then captured like the rest): a graph still pays each small kernel's launch and tail
 on the GPU, and fusing a layer's elementwise work into few kernels is how gpt-fast nears the
 bandwidth floor. `autotuned` compiles with Inductor's autotuning too (`COMPILE_OPTIONS`): minutes
-per shape, once.
+per shape, once. `fused` is gpt-fast's recipe (`decodelab.fused`): the model's matmuls in the
+Linear layout, compiled into tuned reductions, and its attention in one kernel per layer (in place:
+the model given is changed).
 """
 
 from __future__ import annotations
@@ -41,19 +43,21 @@ from types import SimpleNamespace
 import torch
 from transformers import StaticCache
 
+from . import fused
 from .capture import Recorder
 from .decode import cache_kwarg
 from .errors import DecodelabError
 from .pipelined import decide, room
 from .pipelined import generate as pipelined_loop
 
-ENGINES = ("eager", "graph", "pipelined", "compiled", "autotuned")
+ENGINES = ("eager", "graph", "pipelined", "compiled", "autotuned", "fused")
 # Inductor's options per compiled engine. `autotuned` benchmarks Triton templates against cuBLAS
 # for each matmul (max_autotune) and tunes each kernel's launch configuration (coordinate descent,
 # which gpt-fast turns on; it sets no max_autotune). Inductor's own CUDA graphs stay off: the
 # engine captures them.
 COMPILE_OPTIONS = {"compiled": {}, "autotuned": {"max_autotune": True,
-                                                 "coordinate_descent_tuning": True}}
+                                                 "coordinate_descent_tuning": True},
+                   "fused": fused.COMPILE}
 
 
 # A compiled engine compiles `passes` once per input shape, and every engine's compilations are
@@ -228,6 +232,8 @@ def engine(model, name: str, key: str, max_len: int | None = None, k: int = 0):
                              f"{', '.join(ENGINES)}")
     require_cuda(model, name, key)
     pipelined = name == "pipelined"
+    if name == "fused":
+        fused.prepare(model)
     if pipelined and max_len is not None:
         max_len = room(max_len, k)
     return Engine(model, max_len=max_len, compile=COMPILE_OPTIONS.get(name), pipelined=pipelined,

@@ -1,0 +1,118 @@
+"""One Triton kernel for a decoding step's attention over a static cache, as transformers'
+attention implementation `decodelab` (`use`).
+
+A batch-1 step with a static cache attends one query (K + 1 when it verifies) over every slot of
+the cache. PyTorch's SDPA backends spend several kernels on that (the memory-efficient one: one
+CUTLASS kernel of about 20 us per gpt2-xl layer on an H100; the math one: a bmm, a softmax and a
+bmm, with the mask built beside them), where the keys and values to read are a few hundred KB.
+`attend` runs one program per (head, query) that reads only the slots the mask keeps, with an
+online softmax in float32 (flash-decoding without the split: a short cache does not need it). It
+serves CUDA tensors of batch 1 with a boolean mask and a power-of-two head size; anything else,
+and every pass where Triton is missing, goes to SDPA unchanged. `TRITON_INTERPRET=1` runs the
+kernel on the CPU (the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU wheel has no Triton: every pass goes to SDPA
+    triton = None
+
+NAME = "decodelab"
+BLOCK = 64  # slots per loop iteration; Triton pipelines the iterations' loads
+MAX_QUERIES = 16  # longer queries (a prompt's pass) go to SDPA
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+if triton is not None:
+
+    @triton.jit
+    def attend_kernel(q, k, v, keep, out, length, scale, q_h, q_t, k_h, k_l, v_h, v_l,
+                      keep_t, keep_l, out_t, out_h, D: tl.constexpr, BLOCK: tl.constexpr):
+        head = tl.program_id(0)
+        row = tl.program_id(1)
+        d = tl.arange(0, D)
+        query = tl.load(q + head * q_h + row * q_t + d).to(tl.float32) * scale
+        # -1e30, not -inf: a block the mask hides whole leaves the running maximum finite
+        best = tl.max(tl.full([BLOCK], -1e30, tl.float32), axis=0)
+        total = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+        acc = tl.zeros([D], tl.float32)
+        for start in range(0, length, BLOCK):
+            slot = start + tl.arange(0, BLOCK)
+            seen = tl.load(keep + row * keep_t + slot * keep_l, mask=slot < length, other=0) != 0
+            keys = tl.load(k + head * k_h + slot[:, None] * k_l + d[None, :], mask=seen[:, None],
+                           other=0.0)
+            scores = tl.where(seen, tl.sum(keys.to(tl.float32) * query[None, :], axis=1), -1e30)
+            new_best = tl.maximum(best, tl.max(scores, axis=0))
+            weights = tl.where(seen, tl.exp(scores - new_best), 0.0)
+            shrink = tl.exp(best - new_best)
+            values = tl.load(v + head * v_h + slot[:, None] * v_l + d[None, :],
+                             mask=seen[:, None], other=0.0)
+            acc = acc * shrink + tl.sum(weights[:, None] * values.to(tl.float32), axis=0)
+            total = total * shrink + tl.sum(weights, axis=0)
+            best = new_best
+        tl.store(out + row * out_t + head * out_h + d, (acc / total).to(out.dtype.element_ty))
+
+    @torch.library.triton_op("decodelab::attend", mutates_args=())
+    def attend_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  keep: torch.Tensor, scale: float) -> torch.Tensor:
+        """query [H, T, D], key and value [H, L, D], keep [T, L] (bool): out [T, H, D]."""
+        heads, rows, dim = query.shape
+        out = query.new_empty(rows, heads, dim)
+        kernel = attend_kernel if interpreted() else torch.library.wrap_triton(attend_kernel)
+        kernel[(heads, rows)](
+            query, key, value, keep, out, key.shape[1], scale, query.stride(0), query.stride(1),
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1), keep.stride(0),
+            keep.stride(1), out.stride(0), out.stride(1), D=dim, BLOCK=BLOCK)
+        return out
+
+
+def serves(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether the kernel takes this pass (else SDPA does)."""
+    batch, heads, rows, dim = query.shape
+    on_device = query.is_cuda or (interpreted() and query.device.type == "cpu")
+    return (triton is not None and on_device and batch == 1 and rows <= MAX_QUERIES
+            and key.shape[1] == heads and dim & (dim - 1) == 0 and mask is not None
+            and mask.dtype == torch.bool and mask.shape[-2:] == (rows, key.shape[2])
+            and key.stride(-1) == 1 and query.stride(-1) == 1)
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention interface: query [1, H, T, D], key and value the cache's
+    [1, H, L, D], attention_mask [1, 1, T, L] (True: attend); out [1, T, H, D]."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if dropout or not serves(query, key, attention_mask):
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      scaling=scaling, dropout=dropout, **kwargs)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    out = torch.ops.decodelab.attend(query[0], key[0], value[0], attention_mask[0, 0], float(scale))
+    return out[None], None
+
+
+@functools.cache
+def register() -> None:
+    """`decodelab` as an attention implementation, with SDPA's boolean mask always built (SDPA
+    itself may skip it for a causal pass, which a static cache's empty slots forbid here)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, functools.partial(sdpa_mask, allow_is_causal_skip=False))
+
+
+def use(model):
+    """`model` (in place) with its attention on `attention`."""
+    register()
+    model.set_attn_implementation(NAME)
+    return model

@@ -1,0 +1,111 @@
+"""decodelab's attention kernel against SDPA: on a CUDA device, or on the CPU under Triton's
+interpreter (TRITON_INTERPRET=1 with Triton importable, as `make test` sets it up); without
+either, the SDPA fallback alone."""
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from decodelab import attention, graphs, sources
+from decodelab.decode import decode
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+KERNEL = attention.triton is not None and (CUDA or attention.interpreted())
+needs_kernel = pytest.mark.skipif(not KERNEL, reason="no CUDA device and no Triton interpreter")
+needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
+
+
+def inputs(rows: int, length: int, seen: list[int], dtype=torch.float32, heads=3, dim=64):
+    """query [1, H, T, D] as GPT-2 makes it (a transposed view), a cache's keys and values
+    [1, H, L, D], and a mask whose row t keeps the first seen[t] slots."""
+    g = torch.Generator().manual_seed(rows * 1000 + length)
+    q = torch.randn(1, rows, heads, dim, generator=g).transpose(1, 2)
+    k, v = (torch.randn(1, heads, length, dim, generator=g) for _ in range(2))
+    mask = torch.arange(length)[None, :] < torch.tensor(seen)[:, None]
+    return [t.to(DEVICE, dtype) for t in (q, k, v)] + [mask[None, None].to(DEVICE)]
+
+
+def sdpa(q, k, v, mask, scale):
+    out = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                           attn_mask=mask, scale=scale)
+    return out.transpose(1, 2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows,length,seen", [(1, 288, [33]), (1, 150, [150]), (2, 64, [1, 64]),
+                                              (4, 300, [70, 71, 72, 73]), (3, 200, [64, 128, 129])])
+def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, length, seen):
+    q, k, v, mask = inputs(rows, length, seen)
+    assert attention.serves(q, k, mask)
+    out, weights = attention.attention(None, q, k, v, mask, scaling=0.125)
+    assert weights is None and out.shape == (1, rows, 3, 64)
+    torch.testing.assert_close(out, sdpa(q, k, v, mask, 0.125), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_the_kernel_never_reads_a_slot_the_mask_hides():
+    q, k, v, mask = inputs(2, 200, [10, 130])
+    hidden = ~mask[0, 0].any(0)
+    k[:, :, hidden], v[:, :, hidden] = float("nan"), float("nan")  # stale slots past a rollback
+    out, _ = attention.attention(None, q, k, v, mask)
+    assert out.isfinite().all()
+    k[:, :, hidden], v[:, :, hidden] = 0.0, 0.0
+    torch.testing.assert_close(out, sdpa(q, k, v, mask, 64 ** -0.5), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_the_kernel_is_checked_by_a_case_it_must_fail():
+    """Negative control: the same comparison tells a mask shifted by one slot apart."""
+    q, k, v, mask = inputs(1, 100, [40])
+    out, _ = attention.attention(None, q, k, v, mask)
+    shifted = torch.roll(mask, 1, dims=-1)
+    assert not torch.allclose(out, sdpa(q, k, v, shifted, 64 ** -0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_passes_the_kernel_does_not_serve_go_to_sdpa():
+    q, k, v, mask = inputs(1, 50, [20])
+    assert not attention.serves(q, k, None)  # no mask: SDPA's causal case
+    assert not attention.serves(q.expand(2, -1, -1, -1), k.expand(2, -1, -1, -1), mask)
+    long = inputs(attention.MAX_QUERIES + 1, 50, [20] * (attention.MAX_QUERIES + 1))
+    assert not attention.serves(long[0], long[1], long[3])
+    assert not attention.serves(q, k, torch.zeros_like(mask, dtype=q.dtype))  # an additive mask
+    odd = inputs(1, 50, [20], dim=48)
+    assert not attention.serves(odd[0], odd[1], odd[3])
+    out, _ = attention.attention(None, *odd[:3], odd[3])
+    torch.testing.assert_close(out, sdpa(*odd[:3], odd[3], 48 ** -0.5), rtol=1e-5, atol=1e-5)
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(sources.preset_config("gpt2-tiny"))
+    return model.to(DEVICE).eval()
+
+
+@torch.inference_mode()
+def test_a_model_on_it_computes_the_logits_sdpa_does_pass_by_pass():
+    """Prefill (SDPA), one-token steps and a verification's 5 tokens (the kernel where it runs)
+    on a static cache, against the same passes on SDPA."""
+    model = tiny_model()
+    ours = attention.use(copy.deepcopy(model))
+    assert ours.config._attn_implementation == attention.NAME
+    ids = torch.randint(0, model.config.vocab_size, (1, 40), device=DEVICE)
+    engines = [graphs.Engine(m, capture=False, max_len=64) for m in (model, ours)]
+    caches = [e.new_cache() for e in engines]
+    for start, n in [(0, 20), (20, 1), (21, 5), (26, 1)]:
+        a, b = (e(ids[:, start:start + n], past_key_values=c).logits.clone()
+                for e, c in zip(engines, caches, strict=True))
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["graph", "compiled"])
+@torch.inference_mode()
+def test_a_graph_engine_on_the_kernel_decodes_the_eager_models_greedy_tokens(name):
+    model = tiny_model()
+    engine = graphs.Engine(attention.use(copy.deepcopy(model)), max_len=128,
+                           compile=graphs.COMPILE_OPTIONS.get(name))
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16), device=DEVICE)
+    assert decode(engine, prompt, 64).tokens == decode(model, prompt, 64).tokens
