@@ -8,7 +8,7 @@ CONTAINER_PACKAGES := podman runc debootstrap
 SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools quantized-tools quantized-peer reproduce paper remeasure report artifact-times paper-offline-smoke test test-fast bench lint clean
+.PHONY: setup tex container-tools container-image cuda-image browser slurm-tools kernel-tools quantized-tools quantized-peer reproduce paper remeasure report artifact-times paper-offline-smoke test test-fast bench lint clean
 # Two pytest workers, a test file each at a time (its module fixtures built once), in the order
 # tests/conftest.py gives: the file that first reads the default DAG before all others, so one
 # worker builds the DAG (once for both, tests/once.py) while the other runs the rest.
@@ -121,7 +121,17 @@ browser:
 slurm-tools:
 	$(call apt_install_missing,slurmctld slurmd slurmdbd munged mariadbd,$(SLURM_PACKAGES))
 
-test: setup quantized-tools container-image browser slurm-tools
+# Triton for the attention kernel's tests on the CPU, under its interpreter
+# (tests/test_attention.py): a directory of its own, which only that test's subprocess imports.
+# 3.9.0: 3.6.0's interpreter (the H100's Triton) cannot run a loop to a length given as argument.
+TRITON := 3.9.0
+kernel-tools: $(VENV)/triton/.installed
+$(VENV)/triton/.installed: | $(STAMP)
+	rm -rf $(VENV)/triton
+	$(BIN)/python -m pip install --quiet --no-deps --target $(VENV)/triton triton==$(TRITON)
+	touch $@
+
+test: setup quantized-tools container-image browser slurm-tools kernel-tools
 	$(BIN)/pytest $(PARALLEL) -m "not serial" --durations=40
 	$(BIN)/pytest -m serial --durations=10
 

@@ -1,8 +1,13 @@
 """decodelab's attention kernel against SDPA: on a CUDA device, or on the CPU under Triton's
-interpreter (TRITON_INTERPRET=1 with Triton importable, as `make test` sets it up); without
-either, the SDPA fallback alone."""
+interpreter (TRITON_INTERPRET=1 with Triton importable). `make test` installs Triton in a
+directory of its own (`make kernel-tools`), and `test_the_kernel_runs_under_tritons_interpreter`
+runs this file's kernel tests in a process that imports it; without either, the SDPA fallback."""
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +21,8 @@ DEVICE = "cuda" if CUDA else "cpu"
 KERNEL = attention.triton is not None and (CUDA or attention.interpreted())
 needs_kernel = pytest.mark.skipif(not KERNEL, reason="no CUDA device and no Triton interpreter")
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
+ROOT = Path(__file__).resolve().parents[1]
+INTERPRETER = ROOT / ".venv/triton"  # `make kernel-tools`
 
 
 def inputs(rows: int, length: int, seen: list[int], dtype=torch.float32, heads=3, dim=64):
@@ -109,3 +116,15 @@ def test_a_graph_engine_on_the_kernel_decodes_the_eager_models_greedy_tokens(nam
                            compile=graphs.COMPILE_OPTIONS.get(name))
     prompt = torch.randint(0, model.config.vocab_size, (1, 16), device=DEVICE)
     assert decode(engine, prompt, 64).tokens == decode(model, prompt, 64).tokens
+
+
+@pytest.mark.skipif(KERNEL, reason="the kernel tests run in this process")
+@pytest.mark.skipif(not (INTERPRETER / ".installed").exists(), reason="no `make kernel-tools`")
+def test_the_kernel_runs_under_tritons_interpreter():
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(INTERPRETER), str(ROOT / "src")]),
+                        "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                          __file__, "-k", "kernel or sdpa"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "9 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
