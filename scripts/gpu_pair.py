@@ -59,6 +59,7 @@ KERNEL_KINDS = (("triton_reduction", r"^triton_(red|per)_"), ("triton_pointwise"
                 ("attention", r"attention|attend|fmha|flash|softmax"),
                 ("matmul", r"gemm|gemv|nvjet|cutlass|xmma|cublas|aten::(add)?mm"),
                 ("copy", r"copy|memcpy|memset|index|cat|scatter|gather"))
+TOP_KERNELS = 8  # named per engine, with their calls and time per step
 SMOKE_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "corpus_mb": 0.5, "seq_len": 64,
                "batch_size": 4, "steps": 20, "vocab_size": 512, "device": "cpu"}
 
@@ -110,15 +111,20 @@ def step_kernels(engine, prompt: torch.Tensor, steps: int, cuda: bool) -> dict[s
     """A decoding step's kernels: how many, their device time, and that time by kind
     (KERNEL_KINDS), from two profiled decodes that differ by `steps` tokens (so the prompt's
     pass and the first steps cancel out), after one that is not counted (the first under the
-    profiler recompiles an uncaptured compiled engine)."""
+    profiler recompiles an uncaptured compiled engine). `top` names the costliest kernels."""
     _, short, long = (device_time(engine, prompt, n, cuda) for n in (2, 2, 2 + steps))
     kinds = [kind for kind, _ in KERNEL_KINDS] + ["other"]
     out = {"kernels_per_step": 0.0, "kernel_s": 0.0} | {f"{kind}_s": 0.0 for kind in kinds}
+    per_kernel = {}
     for name, (calls, seconds) in long.items():
         calls0, seconds0 = short.get(name, (0, 0.0))
-        out["kernels_per_step"] += (calls - calls0) / steps
-        out["kernel_s"] += (seconds - seconds0) / steps
-        out[f"{kernel_kind(name)}_s"] += (seconds - seconds0) / steps
+        per_kernel[name] = ((calls - calls0) / steps, (seconds - seconds0) / steps)
+        out["kernels_per_step"] += per_kernel[name][0]
+        out["kernel_s"] += per_kernel[name][1]
+        out[f"{kernel_kind(name)}_s"] += per_kernel[name][1]
+    costliest = sorted(per_kernel.items(), key=lambda item: -item[1][1])[:TOP_KERNELS]
+    out["top"] = "; ".join(f"{name[:80]} x{calls:g} {s * 1e6:.1f} us"
+                           for name, (calls, s) in costliest)
     return out
 
 
@@ -311,7 +317,7 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
         try:  # a diagnosis: where the profiler fails, the timings stay
             kernels = step_kernels(engine, prompt, min(16, budget - 2), cuda)
             log(f"{preset} {name}: {kernels['kernels_per_step']:.0f} kernels per step, busy "
-                f"{kernels['kernel_s'] / step:.0%} of it")
+                f"{kernels['kernel_s'] / step:.0%} of it; costliest: {kernels['top']}")
         except RuntimeError as e:
             log(f"{preset} {name}: no kernel split, the profiler failed: {e}")
             kernels = {}

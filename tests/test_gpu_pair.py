@@ -130,3 +130,4 @@ def test_a_compiled_engines_step_is_profiled_without_its_recompilation():
     kernels = gpu_pair().step_kernels(engine, prompt, 8, cuda=False)
     assert kernels["kernels_per_step"] > 0
     assert float(kernels["kernels_per_step"]).is_integer()
+    assert kernels["top"].count(" us") == 8 and "aten::" in kernels["top"]

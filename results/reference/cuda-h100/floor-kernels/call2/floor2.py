@@ -1,8 +1,8 @@
 """Floor variants for gpt2-xl and gpt2 (fp16, init weights), side by side with `compiled` in one
 process: attention on SDPA's math backend, Conv1D weights in the Linear layout, and
 coordinate-descent tuning. Run from the repository root (floor2.sh). Since the run: reformatted
-for the linter, and its Conv1D swap and backend switch moved into scripts/gpu_pair.py
-(`as_linears`, `math_attention`, the same code) and are imported from there.
+for the linter, and its Conv1D swap and backend switch moved into the project (the same code):
+`as_linears` into decodelab.fused, `math_attention` into scripts/gpu_pair.py.
 Usage: floor2.py OUT VARIANTS PRESETS SECONDS"""
 
 import copy
@@ -18,13 +18,14 @@ import gpu_pair as gp  # noqa: E402
 
 from decodelab import graphs, sources  # noqa: E402
 from decodelab.decode import decode  # noqa: E402
+from decodelab.fused import as_linears  # noqa: E402
 
 CDT = {"coordinate_descent_tuning": True}
 # compiled_math reused compiled's compilation (same model object: dynamo's guards passed), so it
 # ran the memory-efficient kernel like compiled; the other variants compiled afresh.
 VARIANTS = {"compiled": (None, {}, False), "compiled_math": (None, {}, True),
-            "linear_math": (gp.as_linears, {}, True), "inner": (gp.as_linears, CDT, False),
-            "inner_math": (gp.as_linears, CDT, True)}
+            "linear_math": (as_linears, {}, True), "inner": (as_linears, CDT, False),
+            "inner_math": (as_linears, CDT, True)}
 
 
 @torch.inference_mode()
