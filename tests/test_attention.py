@@ -92,9 +92,13 @@ def tiny_model():
 
 
 @torch.inference_mode()
-def test_a_model_on_it_computes_the_logits_sdpa_does_pass_by_pass():
+def test_a_model_on_it_computes_the_logits_sdpa_does_pass_by_pass(monkeypatch):
     """Prefill (SDPA), one-token steps and a verification's 5 tokens (the kernel where it runs)
-    on a static cache, against the same passes on SDPA."""
+    on a static cache, against the same passes on SDPA. Where the kernel runs, it served the
+    steps: transformers passed the boolean mask it takes."""
+    served = []
+    serves = attention.serves
+    monkeypatch.setattr(attention, "serves", lambda *a: served.append(serves(*a)) or served[-1])
     model = tiny_model()
     ours = attention.use(copy.deepcopy(model))
     assert ours.config._attn_implementation == attention.NAME
@@ -105,6 +109,8 @@ def test_a_model_on_it_computes_the_logits_sdpa_does_pass_by_pass():
         a, b = (e(ids[:, start:start + n], past_key_values=c).logits.clone()
                 for e, c in zip(engines, caches, strict=True))
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    layers = model.config.n_layer
+    assert served == [False] * layers + [KERNEL] * 3 * layers  # the prompt's pass: SDPA
 
 
 @needs_cuda
