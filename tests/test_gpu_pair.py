@@ -70,7 +70,10 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     assert df.over_measured_floor.to_numpy() == pytest.approx(expected.to_numpy())
     kinds = df[[c for c in df if c.endswith("_s") and c not in ("kernel_s", "step_s", "floor_s")]]
     assert kinds.sum(axis=1).to_numpy() == pytest.approx(df.kernel_s.to_numpy())
-    assert (df.kernels_per_step > 0).all() and (df.matmul_s > 0).all()
+    # CPU times of two profiled decodes differ by noise on a busy machine (a kind's difference
+    # came out negative in CI): the matmuls are checked by name among the costliest, not by sign
+    assert (df.kernels_per_step > 0).all()
+    assert df.top.str.contains(r"aten::(?:add)?mm ").all()
 
 
 @pytest.mark.parametrize("name, kind", [
