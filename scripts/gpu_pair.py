@@ -258,9 +258,11 @@ def floor_engine(model, name: str, max_len: int, cuda: bool):
     if base == "eager":
         return model
     variant = copy.deepcopy(model)
-    if base in ("reductions", "fused"):
+    if base == "fused":
+        fused.prepare(variant)
+    elif base == "reductions":
         fused.as_linears(variant)
-    if name.endswith(ATTEND) or base == "fused":
+    if name.endswith(ATTEND):
         attention.use(variant)
     return graphs.Engine(variant, capture=cuda, max_len=max_len,
                          compile=FLOOR_COMPILE.get(base) if cuda else None)
