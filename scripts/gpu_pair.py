@@ -44,14 +44,16 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # The floor's engines: graphs.ENGINES' own (`fused` is gpt-fast's recipe, decodelab.fused), and
 # two ablations of `fused`: `reductions`, its Linear layout and coordinate-descent tuning with
 # attention on SDPA's math backend (a bmm, a softmax and a bmm, which Inductor fuses) while it
-# compiles; and `+attend`, an engine with decodelab's attention kernel alone. On an H100
+# compiles; `linear+attend`, the Linear layout and the kernel with Inductor's defaults (its GEMVs
+# cuBLAS's on contiguous rows); and `+attend`, an engine with decodelab's attention kernel alone.
+# On an H100
 # `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token and gpt2 from 0.73 to
 # 0.59 ms; Conv1D's own layout under coordinate descent was slower than `compiled`
 # (results/reference/cuda-h100/floor-kernels/).
 ATTEND = "+attend"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
-    "reductions", "graph" + ATTEND, "compiled" + ATTEND)
-FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE}
+    "reductions", "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND)
+FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE, "linear": {}}
 # Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
 # kernels, reductions apart from pointwise ones; attention, whose kernels may be CUTLASS ones;
 # cuBLAS and CUTLASS GEMM/GEMV kernels; copies and indexing; the rest).
@@ -260,7 +262,7 @@ def floor_engine(model, name: str, max_len: int, cuda: bool):
     variant = copy.deepcopy(model)
     if base == "fused":
         fused.prepare(variant)
-    elif base == "reductions":
+    elif base in ("reductions", "linear"):
         fused.as_linears(variant)
     if name.endswith(ATTEND):
         attention.use(variant)
@@ -294,8 +296,9 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     eager_tokens = decode(model, prompt, budget).tokens
     rows = []
     cuda = device == "cuda"
-    # Off CUDA nothing is compiled: `reductions` and `fused` run there as their model's changes.
-    uncompiled = ("eager", "graph", "reductions", "fused")
+    # Off CUDA nothing is compiled: `reductions`, `fused` and `linear` run there as their model's
+    # changes.
+    uncompiled = ("eager", "graph", "reductions", "fused", "linear")
     for name in names if cuda else [n for n in names if base_engine(n) in uncompiled]:
         engine = floor_engine(model, name, prompt.shape[1] + budget, cuda)
         start = time.perf_counter()
@@ -453,9 +456,9 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
 # 74 s (gpt2) on an H100.
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
-                           "reductions": 240, "fused": 240},
+                           "reductions": 240, "fused": 240, "linear": 150},
                "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,
-                        "reductions": 120, "fused": 120}}
+                        "reductions": 120, "fused": 120, "linear": 60}}
 
 
 def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],

@@ -61,7 +61,8 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     assert run.returncode == 0, run.stderr[-2000:]
     df = pd.read_csv(tmp_path / "stats/bandwidth.csv")
     # nothing compiled off CUDA; no Triton there, so `+attend` runs SDPA as its fallback
-    assert set(df.engine) == {"eager", "graph", "reductions", "fused", "graph+attend"}
+    assert set(df.engine) == {"eager", "graph", "reductions", "fused", "graph+attend",
+                              "linear+attend"}
     assert (df.diverges_from_eager_at == -1).all()  # float32: every engine's greedy tokens agree
     assert df.groupby("engine").size().eq(3).all()
     assert df.floor_s.isna().all()  # no datasheet for a CPU: only the copy's floor holds
