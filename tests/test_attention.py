@@ -18,7 +18,7 @@ from decodelab.decode import decode
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-KERNEL = attention.triton is not None and (CUDA or attention.interpreted())
+KERNEL = attention.triton is not None and (CUDA or attention.INTERPRETED)
 needs_kernel = pytest.mark.skipif(not KERNEL, reason="no CUDA device and no Triton interpreter")
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,6 +18,7 @@ import functools
 import os
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 try:
     import triton
@@ -28,10 +29,7 @@ except ImportError:  # the CPU wheel has no Triton: every pass goes to SDPA
 NAME = "decodelab"
 BLOCK = 64  # slots per loop iteration; Triton pipelines the iterations' loads
 MAX_QUERIES = 16  # longer queries (a prompt's pass) go to SDPA
-
-
-def interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once too
 
 
 if triton is not None:
@@ -69,7 +67,7 @@ if triton is not None:
         """query [H, T, D], key and value [H, L, D], keep [T, L] (bool): out [T, H, D]."""
         heads, rows, dim = query.shape
         out = query.new_empty(rows, heads, dim)
-        kernel = attend_kernel if interpreted() else torch.library.wrap_triton(attend_kernel)
+        kernel = attend_kernel if INTERPRETED else torch.library.wrap_triton(attend_kernel)
         kernel[(heads, rows)](
             query, key, value, keep, out, key.shape[1], scale, query.stride(0), query.stride(1),
             key.stride(0), key.stride(1), value.stride(0), value.stride(1), keep.stride(0),
@@ -80,7 +78,7 @@ if triton is not None:
 def serves(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether the kernel takes this pass (else SDPA does)."""
     batch, heads, rows, dim = query.shape
-    on_device = query.is_cuda or (interpreted() and query.device.type == "cpu")
+    on_device = query.is_cuda or (INTERPRETED and query.device.type == "cpu")
     return (triton is not None and on_device and batch == 1 and rows <= MAX_QUERIES
             and key.shape[1] == heads and dim & (dim - 1) == 0 and mask is not None
             and mask.dtype == torch.bool and mask.shape[-2:] == (rows, key.shape[2])
@@ -90,8 +88,6 @@ def serves(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) ->
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention interface: query [1, H, T, D], key and value the cache's
     [1, H, L, D], attention_mask [1, 1, T, L] (True: attend); out [1, T, H, D]."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if dropout or not serves(query, key, attention_mask):
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       scaling=scaling, dropout=dropout, **kwargs)
