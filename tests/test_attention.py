@@ -42,8 +42,11 @@ def sdpa(q, k, v, mask, scale):
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows,length,seen", [(1, 288, [33]), (1, 150, [150]), (2, 64, [1, 64]),
-                                              (4, 300, [70, 71, 72, 73]), (3, 200, [64, 128, 129])])
+@pytest.mark.parametrize("rows,length,seen", [
+    (1, 288, [33]), (1, 150, [150]), (2, 64, [1, 64]), (4, 300, [70, 71, 72, 73]),
+    (3, 200, [64, 128, 129]),
+    # split into parts merged by a second kernel; parts the mask hides whole, or past the end
+    (2, 1030, [700, 1030]), (1, 2100, [1999]), (1, 4096, [100])])
 def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, length, seen):
     q, k, v, mask = inputs(rows, length, seen)
     assert attention.serves(q, k, mask)
@@ -53,8 +56,9 @@ def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, len
 
 
 @needs_kernel
-def test_the_kernel_never_reads_a_slot_the_mask_hides():
-    q, k, v, mask = inputs(2, 200, [10, 130])
+@pytest.mark.parametrize("length,seen", [(200, [10, 130]), (1500, [10, 1300])])
+def test_the_kernel_never_reads_a_slot_the_mask_hides(length, seen):
+    q, k, v, mask = inputs(2, length, seen)
     hidden = ~mask[0, 0].any(0)
     k[:, :, hidden], v[:, :, hidden] = float("nan"), float("nan")  # stale slots past a rollback
     out, _ = attention.attention(None, q, k, v, mask)
@@ -70,6 +74,11 @@ def test_the_kernel_is_checked_by_a_case_it_must_fail():
     out, _ = attention.attention(None, q, k, v, mask)
     shifted = torch.roll(mask, 1, dims=-1)
     assert not torch.allclose(out, sdpa(q, k, v, shifted, 64 ** -0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_a_long_cache_is_split_into_a_power_of_two_parts():
+    assert [attention.splits(n) for n in (288, 1023, 1024, 2048, 4096, 16384, 65536)] == [
+        1, 1, 2, 4, 8, 32, 32]
 
 
 def test_passes_the_kernel_does_not_serve_go_to_sdpa():
@@ -133,4 +142,4 @@ def test_the_kernel_runs_under_tritons_interpreter():
                           __file__, "-k", "kernel or sdpa"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
-    assert "9 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
+    assert "13 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]

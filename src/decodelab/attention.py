@@ -6,10 +6,10 @@ the cache. PyTorch's SDPA backends spend several kernels on that (the memory-eff
 CUTLASS kernel of about 20 us per gpt2-xl layer on an H100; the math one: a bmm, a softmax and a
 bmm, with the mask built beside them), where the keys and values to read are a few hundred KB.
 `attend` runs one program per (head, query) that reads only the slots the mask keeps, with an
-online softmax in float32 (flash-decoding without the split: a short cache does not need it). It
-serves CUDA tensors of batch 1 with a boolean mask and a power-of-two head size; anything else,
-and every pass where Triton is missing, goes to SDPA unchanged. `TRITON_INTERPRET=1` runs the
-kernel on the CPU (the tests).
+online softmax in float32; a long cache is split into parts, one program each, as in
+flash-decoding. It serves CUDA tensors of batch 1 with a boolean mask and a power-of-two head
+size; anything else, and every pass where Triton is missing, goes to SDPA unchanged.
+`TRITON_INTERPRET=1` runs the kernel on the CPU (the tests).
 """
 
 from __future__ import annotations
@@ -30,24 +30,36 @@ NAME = "decodelab"
 BLOCK = 64  # slots per loop iteration; Triton pipelines the iterations' loads
 MAX_QUERIES = 16  # longer queries (a prompt's pass) go to SDPA
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once too
+# From SPLIT_FROM slots on, each (head, query) splits the cache into parts of about SPLIT_SPAN
+# slots (at most MAX_SPLITS), one program each, merged by a second kernel: one program per
+# head would leave most of a GPU idle over a 4K-16K context.
+SPLIT_FROM = 1024
+SPLIT_SPAN = 512
+MAX_SPLITS = 32
 
 
 if triton is not None:
 
     @triton.jit
-    def attend_kernel(q, k, v, keep, out, length, scale, q_h, q_t, k_h, k_l, v_h, v_l,
-                      keep_t, keep_l, out_t, out_h, D: tl.constexpr, BLOCK: tl.constexpr):
+    def attend_kernel(q, k, v, keep, out, best_out, total_out, length, span, scale, q_h, q_t,
+                      k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h, out_s, stat_t, stat_h,
+                      D: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
+        """Program (head, row, part) attends over slots [part * span, (part + 1) * span). One
+        part: the output. Several: each part's unnormalized output, maximum and sum, for
+        `combine_kernel`."""
         head = tl.program_id(0)
         row = tl.program_id(1)
+        part = tl.program_id(2)
         d = tl.arange(0, D)
         query = tl.load(q + head * q_h + row * q_t + d).to(tl.float32) * scale
         # -1e30, not -inf: a block the mask hides whole leaves the running maximum finite
         best = tl.max(tl.full([BLOCK], -1e30, tl.float32), axis=0)
         total = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
         acc = tl.zeros([D], tl.float32)
-        for start in range(0, length, BLOCK):
+        end = tl.minimum(length, (part + 1) * span)
+        for start in range(part * span, end, BLOCK):
             slot = start + tl.arange(0, BLOCK)
-            seen = tl.load(keep + row * keep_t + slot * keep_l, mask=slot < length, other=0) != 0
+            seen = tl.load(keep + row * keep_t + slot * keep_l, mask=slot < end, other=0) != 0
             keys = tl.load(k + head * k_h + slot[:, None] * k_l + d[None, :], mask=seen[:, None],
                            other=0.0)
             scores = tl.where(seen, tl.sum(keys.to(tl.float32) * query[None, :], axis=1), -1e30)
@@ -59,20 +71,68 @@ if triton is not None:
             acc = acc * shrink + tl.sum(weights[:, None] * values.to(tl.float32), axis=0)
             total = total * shrink + tl.sum(weights, axis=0)
             best = new_best
-        tl.store(out + row * out_t + head * out_h + d, (acc / total).to(out.dtype.element_ty))
+        if SPLIT:
+            stat = row * stat_t + head * stat_h + part
+            tl.store(out + row * out_t + head * out_h + part * out_s + d, acc)
+            tl.store(best_out + stat, best)
+            tl.store(total_out + stat, total)
+        else:
+            tl.store(out + row * out_t + head * out_h + d, (acc / total).to(out.dtype.element_ty))
+
+    @triton.jit
+    def combine_kernel(parts, best, total, out, parts_t, parts_h, stat_t, stat_h, out_t, out_h,
+                       D: tl.constexpr, PARTS: tl.constexpr):
+        """Program (head, row) merges its parts' online softmaxes (flash-decoding's second
+        pass)."""
+        head = tl.program_id(0)
+        row = tl.program_id(1)
+        d = tl.arange(0, D)
+        p = tl.arange(0, PARTS)
+        stat = row * stat_t + head * stat_h + p
+        bests = tl.load(best + stat)
+        weights = tl.exp(bests - tl.max(bests, axis=0))
+        accs = tl.load(parts + row * parts_t + head * parts_h + p[:, None] * D + d[None, :])
+        merged = tl.sum(weights[:, None] * accs, axis=0) / tl.sum(weights * tl.load(total + stat))
+        tl.store(out + row * out_t + head * out_h + d, merged.to(out.dtype.element_ty))
+
+    def launch(kernel):
+        return kernel if INTERPRETED else torch.library.wrap_triton(kernel)
 
     @torch.library.triton_op("decodelab::attend", mutates_args=())
     def attend_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   keep: torch.Tensor, scale: float) -> torch.Tensor:
         """query [H, T, D], key and value [H, L, D], keep [T, L] (bool): out [T, H, D]."""
         heads, rows, dim = query.shape
+        length = key.shape[1]
+        parts = splits(length)
+        span = triton.cdiv(triton.cdiv(length, parts), BLOCK) * BLOCK
         out = query.new_empty(rows, heads, dim)
-        kernel = attend_kernel if INTERPRETED else torch.library.wrap_triton(attend_kernel)
-        kernel[(heads, rows)](
-            query, key, value, keep, out, key.shape[1], scale, query.stride(0), query.stride(1),
-            key.stride(0), key.stride(1), value.stride(0), value.stride(1), keep.stride(0),
-            keep.stride(1), out.stride(0), out.stride(1), D=dim, BLOCK=BLOCK)
+        strides = (query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+                   value.stride(0), value.stride(1), keep.stride(0), keep.stride(1))
+        if parts == 1:
+            launch(attend_kernel)[(heads, rows, 1)](
+                query, key, value, keep, out, out, out, length, span, scale, *strides,
+                out.stride(0), out.stride(1), 0, 0, 0, D=dim, BLOCK=BLOCK, SPLIT=False)
+            return out
+        acc = query.new_empty(rows, heads, parts, dim, dtype=torch.float32)
+        best = query.new_empty(rows, heads, parts, dtype=torch.float32)
+        total = torch.empty_like(best)
+        launch(attend_kernel)[(heads, rows, parts)](
+            query, key, value, keep, acc, best, total, length, span, scale, *strides,
+            acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0), best.stride(1),
+            D=dim, BLOCK=BLOCK, SPLIT=True)
+        launch(combine_kernel)[(heads, rows)](
+            acc, best, total, out, acc.stride(0), acc.stride(1), best.stride(0), best.stride(1),
+            out.stride(0), out.stride(1), D=dim, PARTS=parts)
         return out
+
+
+def splits(length: int) -> int:
+    """Parts a cache of `length` slots is split into, a power of two (one below SPLIT_FROM: a
+    second kernel would cost more than the programs it adds)."""
+    if length < SPLIT_FROM:
+        return 1
+    return min(MAX_SPLITS, 1 << (length // SPLIT_SPAN - 1).bit_length())
 
 
 def serves(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
