@@ -51,7 +51,8 @@ if triton is not None:
         row = tl.program_id(1)
         part = tl.program_id(2)
         d = tl.arange(0, D)
-        query = tl.load(q + head * q_h + row * q_t + d).to(tl.float32) * scale
+        # Inductor passes `scale` as a float64: the product is cast back
+        query = (tl.load(q + head * q_h + row * q_t + d).to(tl.float32) * scale).to(tl.float32)
         # -1e30, not -inf: a block the mask hides whole leaves the running maximum finite
         best = tl.max(tl.full([BLOCK], -1e30, tl.float32), axis=0)
         total = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
