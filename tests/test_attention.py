@@ -57,7 +57,7 @@ def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, len
 
 @needs_kernel
 @pytest.mark.parametrize("length,seen", [(200, [10, 130]), (1500, [10, 1300])])
-def test_the_kernel_never_reads_a_slot_the_mask_hides(length, seen):
+def test_what_a_slot_the_mask_hides_holds_never_reaches_the_kernels_output(length, seen):
     q, k, v, mask = inputs(2, length, seen)
     hidden = ~mask[0, 0].any(0)
     k[:, :, hidden], v[:, :, hidden] = float("nan"), float("nan")  # stale slots past a rollback

@@ -5,11 +5,12 @@ A batch-1 step with a static cache attends one query (K + 1 when it verifies) ov
 the cache. PyTorch's SDPA backends spend several kernels on that (the memory-efficient one: one
 CUTLASS kernel of about 20 us per gpt2-xl layer on an H100; the math one: a bmm, a softmax and a
 bmm, with the mask built beside them), where the keys and values to read are a few hundred KB.
-`attend` runs one program per (head, query) that reads only the slots the mask keeps, with an
-online softmax in float32; a long cache is split into parts, one program each, as in
-flash-decoding. It serves CUDA tensors of batch 1 with a boolean mask and a power-of-two head
-size; anything else, and every pass where Triton is missing, goes to SDPA unchanged.
-`TRITON_INTERPRET=1` runs the kernel on the CPU (the tests).
+`attend` runs one program per (head, query) that attends over only the slots the mask keeps
+(what a hidden slot holds, NaN included, never reaches its sums), with an online softmax in
+float32; a long cache is split into parts, one program each, as in flash-decoding. It serves
+CUDA tensors of batch 1 with a boolean mask and a power-of-two head size; anything else, and
+every pass where Triton is missing, goes to SDPA unchanged. `TRITON_INTERPRET=1` runs the kernel
+on the CPU (the tests).
 """
 
 from __future__ import annotations
@@ -60,16 +61,21 @@ if triton is not None:
         end = tl.minimum(length, (part + 1) * span)
         for start in range(part * span, end, BLOCK):
             slot = start + tl.arange(0, BLOCK)
-            seen = tl.load(keep + row * keep_t + slot * keep_l, mask=slot < end, other=0) != 0
-            keys = tl.load(k + head * k_h + slot[:, None] * k_l + d[None, :], mask=seen[:, None],
-                           other=0.0)
+            inside = slot < end
+            # The keys and values load beside the mask, not after it (a load gated on the mask
+            # waits for it: one more round trip to memory per block); what the mask hides is
+            # selected away, so a stale slot's NaN never reaches the sums.
+            seen = tl.load(keep + row * keep_t + slot * keep_l, mask=inside, other=0) != 0
+            keys = tl.load(k + head * k_h + slot[:, None] * k_l + d[None, :],
+                           mask=inside[:, None], other=0.0)
+            values = tl.load(v + head * v_h + slot[:, None] * v_l + d[None, :],
+                             mask=inside[:, None], other=0.0)
             scores = tl.where(seen, tl.sum(keys.to(tl.float32) * query[None, :], axis=1), -1e30)
             new_best = tl.maximum(best, tl.max(scores, axis=0))
             weights = tl.where(seen, tl.exp(scores - new_best), 0.0)
             shrink = tl.exp(best - new_best)
-            values = tl.load(v + head * v_h + slot[:, None] * v_l + d[None, :],
-                             mask=seen[:, None], other=0.0)
-            acc = acc * shrink + tl.sum(weights[:, None] * values.to(tl.float32), axis=0)
+            values = tl.where(seen[:, None], values.to(tl.float32), 0.0)
+            acc = acc * shrink + tl.sum(weights[:, None] * values, axis=0)
             total = total * shrink + tl.sum(weights, axis=0)
             best = new_best
         if SPLIT:
