@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from decodelab import attention, fused, graphs, sources, speculative, stability, stats, study
+from decodelab import attention, fused, graphs, sources, speculative, stability, stats, study, train
 from decodelab.config import GREEDY, Confidence, Sampling, SpeculativeJob, Stability, load_settings
 from decodelab.decode import decode
 from decodelab.floor import copy_bandwidth
@@ -339,15 +339,13 @@ def verdict_overhead(settings, smoke: bool, ks=(1, 2, 4, 6, 8), repeats: int = 5
     on one pair of engines each over the same two models, alternating run by run. The models
     are `init` ones of the pair's shapes in bfloat16: an iteration's time does not depend on
     the weights (a random pair accepts less, so it runs more iterations for the same budget)."""
-    from transformers import AutoModelForCausalLM, GPT2Config
+    from transformers import AutoModelForCausalLM
 
     device = "cpu" if smoke else "cuda"
     models = {}
     for name in ("target", "draft"):
         spec = model_spec(settings, name, smoke)
-        config = GPT2Config(n_layer=spec["n_layer"], n_embd=spec["n_embd"], n_head=spec["n_head"],
-                            n_positions=spec["n_positions"], vocab_size=spec["vocab_size"],
-                            bos_token_id=0, eos_token_id=0)
+        config = train.gpt2_config(spec, spec["vocab_size"], eot=0)
         torch.manual_seed(1)
         with torch.device(device):
             models[name] = AutoModelForCausalLM.from_config(

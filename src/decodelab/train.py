@@ -207,28 +207,26 @@ def token_stream(docs: list[list[int]], eot: int) -> torch.Tensor:
 # model
 
 
-def gpt2_config(spec: dict, tokenizer):
+def gpt2_config(spec: dict, vocab_size: int, eot: int):
     from transformers import GPT2Config
 
-    eot = tokenizer.convert_tokens_to_ids(EOT)
     # No dropout by default: a few hundred steps are far from overfitting, and dropout only
     # slows them. A GPU target sees the 2M-token corpus many times over and needs it.
     p = spec.get("dropout", 0.0)
     return GPT2Config(
-        vocab_size=len(tokenizer), n_positions=spec["n_positions"], n_embd=spec["n_embd"],
+        vocab_size=vocab_size, n_positions=spec["n_positions"], n_embd=spec["n_embd"],
         n_layer=spec["n_layer"], n_head=spec["n_head"], bos_token_id=eot, eos_token_id=eot,
         resid_pdrop=p, embd_pdrop=p, attn_pdrop=p,
     )
 
 
-def llama_config(spec: dict, tokenizer):
+def llama_config(spec: dict, vocab_size: int, eot: int):
     from transformers import LlamaConfig
 
-    eot = tokenizer.convert_tokens_to_ids(EOT)
     # RoPE has no position table: n_positions only bounds the sequences the DAG asks for. An
     # FFN of 8/3 n_embd (SwiGLU's three matrices) matches GPT-2's 4 n_embd MLP in parameters.
     return LlamaConfig(
-        vocab_size=len(tokenizer), max_position_embeddings=spec["n_positions"],
+        vocab_size=vocab_size, max_position_embeddings=spec["n_positions"],
         hidden_size=spec["n_embd"], intermediate_size=8 * spec["n_embd"] // 3,
         num_hidden_layers=spec["n_layer"], num_attention_heads=spec["n_head"],
         bos_token_id=eot, eos_token_id=eot, tie_word_embeddings=True,
@@ -444,8 +442,8 @@ def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -
 
     torch.manual_seed(spec["seed"])
     arch = spec.get("arch", "gpt2")
-    model = AutoModelForCausalLM.from_config(MODEL_CONFIGS[arch](spec, tokenizer),
-                                             trust_remote_code=False).to(device)
+    config = MODEL_CONFIGS[arch](spec, len(tokenizer), tokenizer.convert_tokens_to_ids(EOT))
+    model = AutoModelForCausalLM.from_config(config, trust_remote_code=False).to(device)
     copied = init_from_teacher(model, teacher) if spec.get("init") == "teacher" else 0
     train_start = time.perf_counter()
     windows = eval_windows(heldout, spec["n_positions"])
