@@ -46,10 +46,10 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # attention on SDPA's math backend (a bmm, a softmax and a bmm, which Inductor fuses) while it
 # compiles; `linear+attend`, the Linear layout and the kernel with Inductor's defaults (its GEMVs
 # cuBLAS's on contiguous rows); and `+attend`, an engine with decodelab's attention kernel alone.
-# On an H100
-# `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token and gpt2 from 0.73 to
-# 0.59 ms; Conv1D's own layout under coordinate descent was slower than `compiled`
-# (results/reference/cuda-h100/floor-kernels/).
+# On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token and gpt2 from
+# 0.73 to 0.59 ms; Conv1D's own layout under coordinate descent was slower than `compiled`
+# (results/reference/cuda-h100/floor-kernels/); `fused` took gpt2-xl to 2.86-2.96 ms, and with
+# cuBLAS's GEMVs the layout made no difference to gpt2 (results/reference/cuda-h100/floor-fused/).
 ATTEND = "+attend"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
     "reductions", "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND)
