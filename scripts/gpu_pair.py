@@ -110,20 +110,24 @@ def device_time(engine, prompt: torch.Tensor, budget: int, cuda: bool) -> dict[s
 
 
 def step_kernels(engine, prompt: torch.Tensor, steps: int, cuda: bool) -> dict[str, float]:
-    """A decoding step's kernels: how many, their device time, and that time by kind
-    (KERNEL_KINDS), from two profiled decodes that differ by `steps` tokens (so the prompt's
-    pass and the first steps cancel out), after one that is not counted (the first under the
-    profiler recompiles an uncaptured compiled engine). `top` names the costliest kernels."""
+    """A decoding step's kernels: how many, their device time, and both by kind (KERNEL_KINDS:
+    `{kind}_s`, `{kind}_kernels`), from two profiled decodes that differ by `steps` tokens (so
+    the prompt's pass and the first steps cancel out), after one that is not counted (the first
+    under the profiler recompiles an uncaptured compiled engine). `top` names the costliest
+    kernels."""
     _, short, long = (device_time(engine, prompt, n, cuda) for n in (2, 2, 2 + steps))
     kinds = [kind for kind, _ in KERNEL_KINDS] + ["other"]
-    out = {"kernels_per_step": 0.0, "kernel_s": 0.0} | {f"{kind}_s": 0.0 for kind in kinds}
+    out = {"kernels_per_step": 0.0, "kernel_s": 0.0} | {f"{kind}_s": 0.0 for kind in kinds} | {
+        f"{kind}_kernels": 0.0 for kind in kinds}
     per_kernel = {}
     for name, (calls, seconds) in long.items():
         calls0, seconds0 = short.get(name, (0, 0.0))
         per_kernel[name] = ((calls - calls0) / steps, (seconds - seconds0) / steps)
+        kind = kernel_kind(name)
         out["kernels_per_step"] += per_kernel[name][0]
+        out[f"{kind}_kernels"] += per_kernel[name][0]
         out["kernel_s"] += per_kernel[name][1]
-        out[f"{kernel_kind(name)}_s"] += per_kernel[name][1]
+        out[f"{kind}_s"] += per_kernel[name][1]
     costliest = sorted(per_kernel.items(), key=lambda item: -item[1][1])[:TOP_KERNELS]
     out["top"] = "; ".join(f"{name[:80]} x{calls:g} {s * 1e6:.1f} us"
                            for name, (calls, s) in costliest)

@@ -28,7 +28,7 @@ except ImportError:  # the CPU wheel has no Triton: every pass goes to SDPA
     triton = None
 
 NAME = "decodelab"
-BLOCK = 64  # slots per loop iteration; Triton pipelines the iterations' loads
+BLOCK = 64  # slots per loop iteration
 MAX_QUERIES = 16  # longer queries (a prompt's pass) go to SDPA
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once too
 # From SPLIT_FROM slots on, each (head, query) splits the cache into parts of about SPLIT_SPAN
@@ -87,8 +87,8 @@ if triton is not None:
             tl.store(out + row * out_t + head * out_h + d, (acc / total).to(out.dtype.element_ty))
 
     @triton.jit
-    def combine_kernel(parts, best, total, out, parts_t, parts_h, stat_t, stat_h, out_t, out_h,
-                       D: tl.constexpr, PARTS: tl.constexpr):
+    def combine_kernel(parts, best, total, out, parts_t, parts_h, parts_p, stat_t, stat_h, out_t,
+                       out_h, D: tl.constexpr, PARTS: tl.constexpr):
         """Program (head, row) merges its parts' online softmaxes (flash-decoding's second
         pass)."""
         head = tl.program_id(0)
@@ -98,7 +98,7 @@ if triton is not None:
         stat = row * stat_t + head * stat_h + p
         bests = tl.load(best + stat)
         weights = tl.exp(bests - tl.max(bests, axis=0))
-        accs = tl.load(parts + row * parts_t + head * parts_h + p[:, None] * D + d[None, :])
+        accs = tl.load(parts + row * parts_t + head * parts_h + p[:, None] * parts_p + d[None, :])
         merged = tl.sum(weights[:, None] * accs, axis=0) / tl.sum(weights * tl.load(total + stat))
         tl.store(out + row * out_t + head * out_h + d, merged.to(out.dtype.element_ty))
 
@@ -129,14 +129,14 @@ if triton is not None:
             acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0), best.stride(1),
             D=dim, BLOCK=BLOCK, SPLIT=True)
         launch(combine_kernel)[(heads, rows)](
-            acc, best, total, out, acc.stride(0), acc.stride(1), best.stride(0), best.stride(1),
-            out.stride(0), out.stride(1), D=dim, PARTS=parts)
+            acc, best, total, out, acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0),
+            best.stride(1), out.stride(0), out.stride(1), D=dim, PARTS=parts)
         return out
 
 
 def splits(length: int) -> int:
-    """Parts a cache of `length` slots is split into, a power of two (one below SPLIT_FROM: a
-    second kernel would cost more than the programs it adds)."""
+    """Parts a cache of `length` slots is split into, a power of two (one below SPLIT_FROM; the
+    thresholds are chosen, not yet tuned on a GPU)."""
     if length < SPLIT_FROM:
         return 1
     return min(MAX_SPLITS, 1 << (length // SPLIT_SPAN - 1).bit_length())
