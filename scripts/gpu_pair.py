@@ -48,8 +48,9 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # cuBLAS's on contiguous rows); and `+attend`, an engine with decodelab's attention kernel alone.
 # On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token and gpt2 from
 # 0.73 to 0.59 ms; Conv1D's own layout under coordinate descent was slower than `compiled`
-# (results/reference/cuda-h100/floor-kernels/); `fused` took gpt2-xl to 2.86-2.96 ms, and with
-# cuBLAS's GEMVs the layout made no difference to gpt2 (results/reference/cuda-h100/floor-fused/).
+# (results/reference/cuda-h100/floor-kernels/); `fused` took gpt2-xl to 2.86-2.96 ms in one
+# process and 3.32-3.51 ms in two later ones (`compiled` 3.46-3.51 beside it), and with cuBLAS's
+# GEMVs the layout made no difference to gpt2 (results/reference/cuda-h100/floor-fused/).
 ATTEND = "+attend"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
     "reductions", "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND)
@@ -280,6 +281,17 @@ def first_divergence(tokens: list[int], reference: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), -1)
 
 
+def eager_margin(model, prompt: torch.Tensor, tokens: list[int], at: int) -> float:
+    """The eager model's gap between its top two logits where an engine's greedy tokens part
+    from its own (`at`, into `tokens`): a gap near float16's rounding is a near tie, not a
+    wrong step. NaN where nothing parts."""
+    if at < 0:
+        return float("nan")
+    sequence = torch.cat([prompt, prompt.new_tensor([tokens[:at]])], dim=1)
+    top = model(sequence).logits[0, -1].float().topk(2).values
+    return float(top[0] - top[1])
+
+
 @torch.inference_mode()
 def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
               device: str = "cuda", names: tuple[str, ...] = FLOOR_ENGINES) -> list[dict]:
@@ -320,6 +332,7 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
                           "over_floor": step / floor, "copy_bandwidth": measured,
                           "over_measured_floor": step * measured / weight_bytes,
                           "diverges_from_eager_at": parted,
+                          "eager_margin_there": eager_margin(model, prompt, eager_tokens, parted),
                           "device": torch.cuda.get_device_name() if cuda else device})
             log(f"{preset} {name}: {step * 1e3:.3f} ms/token, {step / floor:.2f}x the peak's "
                 f"floor, {step * measured / weight_bytes:.2f}x the copy's")

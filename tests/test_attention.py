@@ -78,8 +78,8 @@ def test_the_kernel_is_checked_by_a_case_it_must_fail(length, seen):
 
 
 def test_a_long_cache_is_split_into_a_power_of_two_parts():
-    assert [attention.splits(n) for n in (288, 1023, 1024, 2048, 4096, 16384, 65536)] == [
-        1, 1, 2, 4, 8, 32, 32]
+    assert [attention.splits(n) for n in (288, 511, 512, 1024, 2048, 4096, 16384, 65536)] == [
+        1, 1, 4, 8, 16, 32, 32, 32]
 
 
 def test_passes_the_kernel_does_not_serve_go_to_sdpa():

@@ -141,3 +141,20 @@ def test_a_compiled_engines_step_is_profiled_without_its_recompilation():
     assert kernels["kernels_per_step"] > 0
     assert float(kernels["kernels_per_step"]).is_integer()
     assert kernels["top"].count(" us") == 8 and "aten::" in kernels["top"]
+
+
+@torch.inference_mode()
+def test_a_divergence_is_told_with_the_eager_models_margin_at_the_token_that_parts():
+    """The margin is the top-2 gap of the step that chose the parting token: read one position
+    early or late it is another step's gap."""
+    from decodelab.decode import decode
+
+    model = tiny_gpt2()
+    prompt = torch.randint(0, model.config.vocab_size, (1, 8))
+    tokens = decode(model, prompt, 6).tokens
+    logits = model(torch.cat([prompt, torch.tensor([tokens])], dim=1)).logits[0].float()
+    gaps = [float(a - b) for a, b in logits.topk(2).values]
+    for at in range(6):
+        assert gpu_pair().eager_margin(model, prompt, tokens, at) == pytest.approx(
+            gaps[prompt.shape[1] - 1 + at], abs=1e-4)
+    assert math.isnan(gpu_pair().eager_margin(model, prompt, tokens, -1))

@@ -8,7 +8,8 @@ so a reduction reads contiguous rows) computed as a matmul and an add, and puts 
 decodelab's one-kernel attention (`decodelab.attention`); `COMPILE` is the Inductor options.
 On an H100 the Linear layout with coordinate descent (and attention on SDPA's math backend) took
 gpt2-xl from the `compiled` engine's 3.43 to 3.18 ms per token
-(results/reference/cuda-h100/floor-kernels/), and this engine to 2.86-2.96 ms
+(results/reference/cuda-h100/floor-kernels/), and this engine to 2.86-2.96 ms in one process but
+3.32-3.51 ms in two later ones, beside `compiled`'s 3.46-3.51
 (results/reference/cuda-h100/floor-fused/).
 """
 
