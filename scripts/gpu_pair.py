@@ -32,7 +32,7 @@ import torch
 
 from decodelab import attention, fused, graphs, sources, speculative, stability, stats, study, train
 from decodelab.config import GREEDY, Confidence, Sampling, SpeculativeJob, Stability, load_settings
-from decodelab.decode import decode
+from decodelab.decode import decode, first_divergence, margin
 from decodelab.floor import copy_bandwidth
 from decodelab.floor import weight_bytes as parameter_bytes
 from decodelab.io import write_raw
@@ -275,21 +275,13 @@ def floor_engine(model, name: str, max_len: int, cuda: bool):
                          compile=FLOOR_COMPILE.get(base) if cuda else None)
 
 
-def first_divergence(tokens: list[int], reference: list[int]) -> int:
-    """The position of the first token where greedy `tokens` differ from `reference`'s; -1 if
-    none does."""
-    return next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), -1)
-
-
-def eager_margin(model, prompt: torch.Tensor, tokens: list[int], at: int) -> float:
-    """The eager model's gap between its top two logits where an engine's greedy tokens part
-    from its own (`at`, into `tokens`): a gap near float16's rounding is a near tie, not a
-    wrong step. NaN where nothing parts."""
-    if at < 0:
-        return float("nan")
-    sequence = torch.cat([prompt, prompt.new_tensor([tokens[:at]])], dim=1)
-    top = model(sequence).logits[0, -1].float().topk(2).values
-    return float(top[0] - top[1])
+def parting(model, prompt: torch.Tensor, tokens: list[int], eager: list[int]):
+    """Where an engine's greedy `tokens` first differ from the eager model's (-1: nowhere), and
+    the eager model's top-2 logit gap there: a float16 near tie, or a wrong step."""
+    at = first_divergence(tokens, eager)
+    if at is None:
+        return -1, None
+    return at, margin(model, prompt[0].tolist() + eager[:at])
 
 
 @torch.inference_mode()
@@ -325,14 +317,14 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
         for r in range(repeats):
             out = decode(engine, prompt, budget)
             step = float(pd.Series(out.step_s).median())
-            parted = first_divergence(out.tokens, eager_tokens)
+            parted, gap = parting(model, prompt, out.tokens, eager_tokens)
             timed.append({"model": preset, "dtype": str(dtype).removeprefix("torch."),
                           "engine": name, "repeat": r, "budget": budget, "step_s": step,
                           "weight_bytes": weight_bytes, "floor_s": floor,
                           "over_floor": step / floor, "copy_bandwidth": measured,
                           "over_measured_floor": step * measured / weight_bytes,
                           "diverges_from_eager_at": parted,
-                          "eager_margin_there": eager_margin(model, prompt, eager_tokens, parted),
+                          "eager_margin_there": gap,
                           "device": torch.cuda.get_device_name() if cuda else device})
             log(f"{preset} {name}: {step * 1e3:.3f} ms/token, {step / floor:.2f}x the peak's "
                 f"floor, {step * measured / weight_bytes:.2f}x the copy's")

@@ -64,6 +64,7 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     assert set(df.engine) == {"eager", "graph", "reductions", "fused", "graph+attend",
                               "linear+attend"}
     assert (df.diverges_from_eager_at == -1).all()  # float32: every engine's greedy tokens agree
+    assert df.eager_margin_there.isna().all()  # so no margin where they part
     assert df.groupby("engine").size().eq(3).all()
     assert df.floor_s.isna().all()  # no datasheet for a CPU: only the copy's floor holds
     # a tiny model's weights stay in the CPU's caches, so its step may beat the copy's floor
@@ -143,18 +144,16 @@ def test_a_compiled_engines_step_is_profiled_without_its_recompilation():
     assert kernels["top"].count(" us") == 8 and "aten::" in kernels["top"]
 
 
-@torch.inference_mode()
-def test_a_divergence_is_told_with_the_eager_models_margin_at_the_token_that_parts():
-    """The margin is the top-2 gap of the step that chose the parting token: read one position
-    early or late it is another step's gap."""
-    from decodelab.decode import decode
+
+def test_a_divergence_is_told_with_the_eager_models_margin_where_it_parts():
+    from decodelab.decode import decode, margin
 
     model = tiny_gpt2()
     prompt = torch.randint(0, model.config.vocab_size, (1, 8))
-    tokens = decode(model, prompt, 6).tokens
-    logits = model(torch.cat([prompt, torch.tensor([tokens])], dim=1)).logits[0].float()
-    gaps = [float(a - b) for a, b in logits.topk(2).values]
-    for at in range(6):
-        assert gpu_pair().eager_margin(model, prompt, tokens, at) == pytest.approx(
-            gaps[prompt.shape[1] - 1 + at], abs=1e-4)
-    assert math.isnan(gpu_pair().eager_margin(model, prompt, tokens, -1))
+    eager = decode(model, prompt, 6).tokens
+    assert gpu_pair().parting(model, prompt, eager, eager) == (-1, None)
+    other = eager[:3] + [(t + 1) % model.config.vocab_size for t in eager[3:]]
+    at, gap = gpu_pair().parting(model, prompt, other, eager)
+    assert at == 3
+    assert gap == pytest.approx(margin(model, prompt[0].tolist() + eager[:3]))
+    assert gap != pytest.approx(margin(model, prompt[0].tolist() + eager[:4]))
