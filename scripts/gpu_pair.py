@@ -8,7 +8,9 @@ Writes under --out: models/<name>/ (manifests and configs), raw/speculative/<pai
 and K), stats/divergence.csv (greedy tokens of the graph engine against the eager one) and
 stats/bandwidth.csv (gpt2-xl and gpt2, float16: each engine's step against the floor, and where the
 step's device time goes, kernel by kind, and where its greedy tokens first part from the eager
-model's) and stats/verdict.csv (the overhead, per run). Every
+model's, with the eager model's top-2 gap there), stats/tuned.csv (the launch configurations
+Inductor tuned for each compiled engine's kernels) and stats/verdict.csv (the overhead, per
+run). Every
 step checks the deadline first and is skipped, said so, past it.
 `--smoke` shrinks everything to a CPU-sized check of this script's logic (nothing captured).
 """
@@ -468,20 +470,50 @@ FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned
                         "reductions": 120, "fused": 120, "linear": 60}}
 
 
+KERNEL_NAME = re.compile(r"""['"]kernel_name['"]: ['"](\w+)['"]""")
+
+
+def tuned_configs(root: Path, since: float) -> list[dict]:
+    """The launch configurations Inductor's autotuning chose since `since` (its `.best_config`
+    files under `root`, its cache), each with its kernel's name: what differs between two
+    processes whose tuned reductions ran at different speeds. A `.best_config` lies beside its
+    kernel's module; where that folder holds several, the name comes from Triton's cache entry
+    for the compiled kernel (`triton_cache_hash`), and is "?" where neither tells it."""
+    rows = []
+    for path in sorted(root.rglob("*.best_config")):
+        if path.stat().st_mtime < since:
+            continue
+        config = json.loads(path.read_text())
+        names = {m for py in path.parent.glob("*.py") for m in KERNEL_NAME.findall(py.read_text())}
+        if len(names) != 1:
+            entry = config.get("triton_cache_hash") or "-"
+            names = {f.stem for f in root.rglob(f"{entry}/*.json") if not f.stem.startswith("__")}
+        rows.append({"kernel": names.pop() if len(names) == 1 else "?", **config})
+    return rows
+
+
 def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
                 names: tuple[str, ...]) -> None:
     """Each model on each engine against the floor, written as each finishes: a call that runs
-    out of time keeps the engines already timed."""
-    rows = []
+    out of time keeps the engines already timed. With them, `tuned.csv`: the configurations
+    Inductor tuned for each engine's kernels (`tuned_configs`)."""
+    from torch._inductor.runtime.runtime_utils import cache_dir
+
+    rows, tuned = [], []
     floors = [("gpt2-tiny", torch.float32, 16, "cpu")] if smoke else [
         ("gpt2-xl", torch.float16, 256, "cuda"), ("gpt2", torch.float16, 256, "cuda")]
     for preset, dtype, budget, device in floors:
         for name in names:
             needs = 10 if smoke else FLOOR_NEEDS[preset][base_engine(name)]
             if deadline.allows(f"{preset} {name} against the bandwidth floor", needs):
+                start = time.time()
                 rows += attempt(f"{preset} {name}", failed, bandwidth, preset, dtype, budget, 3,
                                 device, (name,)) or []
                 pd.DataFrame(rows).to_csv(out / "stats/bandwidth.csv", index=False)
+                tuned += [{"model": preset, "engine": name} | row
+                          for row in tuned_configs(Path(cache_dir()), start)]
+                if tuned:
+                    pd.DataFrame(tuned).to_csv(out / "stats/tuned.csv", index=False)
 
 
 if __name__ == "__main__":

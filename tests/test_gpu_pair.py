@@ -3,6 +3,7 @@ pipelined loop's overhead with its verdict compiled and not) and the bandwidth p
 step against the floor, split into kernels by kind), and the pieces of the latter."""
 
 import importlib.util
+import json
 import math
 import os
 import shutil
@@ -157,3 +158,33 @@ def test_a_divergence_is_told_with_the_eager_models_margin_where_it_parts():
     assert at == 3
     assert gap == pytest.approx(margin(model, prompt[0].tolist() + eager[:3]))
     assert gap != pytest.approx(margin(model, prompt[0].tolist() + eager[:4]))
+
+
+def test_tuned_configurations_are_read_with_their_kernels_names(tmp_path):
+    """Inductor's cache as it lies after a compile: a kernel's module beside its .best_config,
+    a folder with two modules whose configuration is named from Triton's cache entry, and a
+    configuration left by an earlier engine, which is not read."""
+    def config(path, **fields):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"XBLOCK": 1, "num_warps": 8} | fields))
+
+    def kernel(path, name):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"@triton_heuristics.reduction(inductor_meta={{'kernel_name': '{name}'}})")
+
+    kernel(tmp_path / "old/c.py", "triton_poi_fused_copy_0")
+    config(tmp_path / "old/a.best_config")
+    os.utime(tmp_path / "old/a.best_config", (0, 0))
+    kernel(tmp_path / "ab/cab.py", "triton_red_fused_mm_1")
+    config(tmp_path / "ab/xyz.best_config", R0_BLOCK=2048, found_by_coordesc=True)
+    kernel(tmp_path / "cd/ccd.py", "triton_red_fused_mm_2")
+    kernel(tmp_path / "cd/cce.py", "triton_per_fused_add_3")
+    config(tmp_path / "cd/uvw.best_config", num_warps=2, triton_cache_hash="H4SH")
+    (tmp_path / "triton/0/H4SH").mkdir(parents=True)
+    for name in ("triton_per_fused_add_3.json", "__grp__triton_per_fused_add_3.json"):
+        (tmp_path / "triton/0/H4SH" / name).write_text("{}")
+    config(tmp_path / "ef/nameless.best_config")
+    rows = {r["kernel"]: r for r in gpu_pair().tuned_configs(tmp_path, since=1.0)}
+    assert set(rows) == {"triton_red_fused_mm_1", "triton_per_fused_add_3", "?"}
+    assert rows["triton_red_fused_mm_1"]["R0_BLOCK"] == 2048
+    assert rows["triton_per_fused_add_3"]["num_warps"] == 2
