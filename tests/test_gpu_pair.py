@@ -145,7 +145,6 @@ def test_a_compiled_engines_step_is_profiled_without_its_recompilation():
     assert kernels["top"].count(" us") == 8 and "aten::" in kernels["top"]
 
 
-
 def test_a_divergence_is_told_with_the_eager_models_margin_where_it_parts():
     from decodelab.decode import decode, margin
 
