@@ -41,13 +41,18 @@ def sdpa(q, k, v, mask, scale):
     return out.transpose(1, 2)
 
 
+CASES = [(1, 288, [33]), (1, 150, [150]), (2, 64, [1, 64]), (4, 300, [70, 71, 72, 73]),
+         (3, 200, [64, 128, 129]), (16, 40, list(range(25, 41))),
+         # split into parts merged by a second kernel; parts the mask hides whole, or past the end
+         (2, 1030, [700, 1030]), (1, 2100, [1999]), (1, 4096, [100]), (5, 600, [1, 2, 3, 4, 5])]
+
+
 @needs_kernel
-@pytest.mark.parametrize("rows,length,seen", [
-    (1, 288, [33]), (1, 150, [150]), (2, 64, [1, 64]), (4, 300, [70, 71, 72, 73]),
-    (3, 200, [64, 128, 129]),
-    # split into parts merged by a second kernel; parts the mask hides whole, or past the end
-    (2, 1030, [700, 1030]), (1, 2100, [1999]), (1, 4096, [100])])
-def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, length, seen):
+@pytest.mark.parametrize("rows,length,seen,shared", [case + (False,) for case in CASES] + [
+    case + (True,) for case in CASES if case[0] > 1])  # rows together: SHARED_ROWS
+def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, length, seen, shared,
+                                                                        monkeypatch):
+    monkeypatch.setattr(attention, "SHARED_ROWS", shared)
     q, k, v, mask = inputs(rows, length, seen)
     assert attention.serves(q, k, mask)
     out, weights = attention.attention(None, q, k, v, mask, scaling=0.125)
@@ -56,8 +61,11 @@ def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, len
 
 
 @needs_kernel
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("length,seen", [(200, [10, 130]), (1500, [10, 1300])])
-def test_what_a_slot_the_mask_hides_holds_never_reaches_the_kernels_output(length, seen):
+def test_what_a_slot_the_mask_hides_holds_never_reaches_the_kernels_output(length, seen, shared,
+                                                                           monkeypatch):
+    monkeypatch.setattr(attention, "SHARED_ROWS", shared)
     q, k, v, mask = inputs(2, length, seen)
     hidden = ~mask[0, 0].any(0)
     k[:, :, hidden], v[:, :, hidden] = float("nan"), float("nan")  # stale slots past a rollback
@@ -143,4 +151,4 @@ def test_the_kernel_runs_under_tritons_interpreter():
                           __file__, "-k", "kernel or sdpa"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
-    assert "14 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
+    assert "24 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]

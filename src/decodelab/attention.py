@@ -39,6 +39,11 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once 
 SPLIT_FROM = 512
 SPLIT_SPAN = 128
 MAX_SPLITS = 32
+# A verification's K + 1 rows in one program per head (`attend_rows_kernel`), which reads each
+# block of keys and values once for all of them, instead of one program per row, each reading
+# them again (on an H100 5 rows took 96-141 us at 16K slots against 32-44 for one). Off until
+# it has been timed on a GPU.
+SHARED_ROWS = False
 
 
 if triton is not None:
@@ -89,6 +94,61 @@ if triton is not None:
             tl.store(out + row * out_t + head * out_h + d, (acc / total).to(out.dtype.element_ty))
 
     @triton.jit
+    def attend_rows_kernel(q, k, v, keep, out, best_out, total_out, rows, length, span, scale,
+                           q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h, out_s,
+                           stat_t, stat_h, D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr,
+                           SPLIT: tl.constexpr, IEEE: tl.constexpr):
+        """`attend_kernel` for all `rows` of a pass in program (head, 0, part): R (a power of
+        two, 16 or more, as tl.dot needs) holds them, the scores and the weighted values are
+        two small matmuls, and a block's keys and values load once, where any row keeps a
+        slot."""
+        head = tl.program_id(0)
+        part = tl.program_id(2)
+        r = tl.arange(0, R)
+        d = tl.arange(0, D)
+        live = r < rows
+        query = tl.load(q + head * q_h + r[:, None] * q_t + d[None, :], mask=live[:, None],
+                        other=0.0)
+        query = (query.to(tl.float32) * scale).to(tl.float32)
+        best = tl.full([R], -1e30, tl.float32)
+        total = tl.zeros([R], tl.float32)
+        acc = tl.zeros([R, D], tl.float32)
+        end = tl.minimum(length, (part + 1) * span)
+        for start in range(part * span, end, BLOCK):
+            slot = start + tl.arange(0, BLOCK)
+            seen = tl.load(keep + r[:, None] * keep_t + slot[None, :] * keep_l,
+                           mask=live[:, None] & (slot < end)[None, :], other=0) != 0
+            needed = tl.max(seen.to(tl.int32), axis=0) > 0
+            keys = tl.load(k + head * k_h + slot[:, None] * k_l + d[None, :], mask=needed[:, None],
+                           other=0.0)
+            values = tl.load(v + head * v_h + slot[:, None] * v_l + d[None, :],
+                             mask=needed[:, None], other=0.0)
+            if IEEE:  # float32 caches: tl.dot would round its inputs to TF32
+                scores = tl.dot(query, tl.trans(keys), input_precision="ieee")
+            else:
+                scores = tl.dot(query.to(keys.dtype), tl.trans(keys))
+            scores = tl.where(seen, scores, -1e30)
+            new_best = tl.maximum(best, tl.max(scores, axis=1))
+            weights = tl.where(seen, tl.exp(scores - new_best[:, None]), 0.0)
+            shrink = tl.exp(best - new_best)
+            if IEEE:
+                acc = acc * shrink[:, None] + tl.dot(weights, values, input_precision="ieee")
+            else:
+                acc = acc * shrink[:, None] + tl.dot(weights.to(values.dtype), values)
+            total = total * shrink + tl.sum(weights, axis=1)
+            best = new_best
+        if SPLIT:
+            stat = r * stat_t + head * stat_h + part
+            tl.store(out + r[:, None] * out_t + head * out_h + part * out_s + d[None, :], acc,
+                     mask=live[:, None])
+            tl.store(best_out + stat, best, mask=live)
+            tl.store(total_out + stat, total, mask=live)
+        else:
+            tl.store(out + r[:, None] * out_t + head * out_h + d[None, :],
+                     (acc / tl.where(live, total, 1.0)[:, None]).to(out.dtype.element_ty),
+                     mask=live[:, None])  # padding rows keep nothing
+
+    @triton.jit
     def combine_kernel(parts, best, total, out, parts_t, parts_h, parts_p, stat_t, stat_h, out_t,
                        out_h, D: tl.constexpr, PARTS: tl.constexpr):
         """Program (head, row) merges its parts' online softmaxes (flash-decoding's second
@@ -107,6 +167,23 @@ if triton is not None:
     def launch(kernel):
         return kernel if INTERPRETED else torch.library.wrap_triton(kernel)
 
+    def attend_pass(query, key, value, keep, scale, span, parts, outs, out_strides):
+        """`attend_kernel`, one program per (head, row, part), or `attend_rows_kernel`, one per
+        (head, part), writing `outs`: the output, or the parts' sums and statistics."""
+        heads, rows, dim = query.shape
+        strides = (query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+                   value.stride(0), value.stride(1), keep.stride(0), keep.stride(1))
+        split = parts > 1
+        if SHARED_ROWS and rows > 1 and dim >= 16:
+            launch(attend_rows_kernel)[(heads, 1, parts)](
+                query, key, value, keep, *outs, rows, key.shape[1], span, scale, *strides,
+                *out_strides, D=dim, R=max(16, triton.next_power_of_2(rows)), BLOCK=BLOCK,
+                SPLIT=split, IEEE=query.dtype == torch.float32)
+        else:
+            launch(attend_kernel)[(heads, rows, parts)](
+                query, key, value, keep, *outs, key.shape[1], span, scale, *strides,
+                *out_strides, D=dim, BLOCK=BLOCK, SPLIT=split)
+
     @torch.library.triton_op("decodelab::attend", mutates_args=())
     def attend_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   keep: torch.Tensor, scale: float) -> torch.Tensor:
@@ -116,20 +193,15 @@ if triton is not None:
         parts = splits(length)
         span = triton.cdiv(triton.cdiv(length, parts), BLOCK) * BLOCK
         out = query.new_empty(rows, heads, dim)
-        strides = (query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-                   value.stride(0), value.stride(1), keep.stride(0), keep.stride(1))
         if parts == 1:
-            launch(attend_kernel)[(heads, rows, 1)](
-                query, key, value, keep, out, out, out, length, span, scale, *strides,
-                out.stride(0), out.stride(1), 0, 0, 0, D=dim, BLOCK=BLOCK, SPLIT=False)
+            attend_pass(query, key, value, keep, scale, span, 1, (out, out, out),
+                        (out.stride(0), out.stride(1), 0, 0, 0))
             return out
         acc = query.new_empty(rows, heads, parts, dim, dtype=torch.float32)
         best = query.new_empty(rows, heads, parts, dtype=torch.float32)
         total = torch.empty_like(best)
-        launch(attend_kernel)[(heads, rows, parts)](
-            query, key, value, keep, acc, best, total, length, span, scale, *strides,
-            acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0), best.stride(1),
-            D=dim, BLOCK=BLOCK, SPLIT=True)
+        attend_pass(query, key, value, keep, scale, span, parts, (acc, best, total),
+                    (acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0), best.stride(1)))
         launch(combine_kernel)[(heads, rows)](
             acc, best, total, out, acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0),
             best.stride(1), out.stride(0), out.stride(1), D=dim, PARTS=parts)

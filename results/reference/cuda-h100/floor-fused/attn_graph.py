@@ -66,14 +66,18 @@ def per_call_us(fn):
 
 
 def variants():
-    yield "982625f block64", old, {"BLOCK": 64}
-    yield "6bbc414 block64", beside, {"BLOCK": 64}
-    yield "6bbc414 block128", beside, {"BLOCK": 128}
+    then = {"SPLIT_FROM": 1024, "SPLIT_SPAN": 512}  # the split calls 3 and 4 had
+    yield "982625f block64", old, {"BLOCK": 64} | then
+    yield "6bbc414 block64", beside, {"BLOCK": 64} | then
+    yield "6bbc414 block128", beside, {"BLOCK": 128} | then
     for block in (64, 128):
-        yield f"head block{block}", cur, {"BLOCK": block}
+        yield f"head block{block}", cur, {"BLOCK": block} | then
     yield "head block64 split256 span64", cur, {"BLOCK": 64, "SPLIT_FROM": 256, "SPLIT_SPAN": 64}
     for split in (256, 512):
         yield f"head block128 split{split} span128", cur, {"SPLIT_FROM": split, "SPLIT_SPAN": 128}
+    # added after call 4 (no call has run it): a pass's rows in one program per head
+    yield "head block128 split512 span128 shared", cur, {"SPLIT_FROM": 512, "SPLIT_SPAN": 128,
+                                                          "SHARED_ROWS": True}
 
 
 def efficient(q, k, v, keep, scale):
@@ -115,7 +119,8 @@ def shape(rows, length, fill, defaults):
 
 def main():
     print("variant,rows,length,fill,parts,us_per_call,kv_GBps,max_err")
-    defaults = {name: getattr(cur, name) for name in ("BLOCK", "SPLIT_FROM", "SPLIT_SPAN")}
+    defaults = {name: getattr(cur, name)
+                for name in ("BLOCK", "SPLIT_FROM", "SPLIT_SPAN", "SHARED_ROWS")}
     for rows in (1, 5):
         for length in LENGTHS:
             for fill in FILLS:
