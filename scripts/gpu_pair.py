@@ -477,17 +477,22 @@ def tuned_configs(root: Path, since: float) -> list[dict]:
     files under `root`, its cache), each with its kernel's name: what differs between two
     processes whose tuned reductions ran at different speeds. A `.best_config` lies beside its
     kernel's module; where that folder holds several, the name comes from Triton's cache entry
-    for the compiled kernel (`triton_cache_hash`), and is "?" where neither tells it."""
+    for the compiled kernel (`triton_cache_hash`, a folder of `<kernel>.json`), and is "?" where
+    neither tells it."""
+    found = [p for p in sorted(root.rglob("*.best_config")) if p.stat().st_mtime >= since]
+    if not found:
+        return []
+    compiled = {}  # Triton's cache: entry -> the kernel names in it
+    for entry in root.rglob("*.json"):
+        if not entry.stem.startswith("__"):
+            compiled.setdefault(entry.parent.name, set()).add(entry.stem)
     rows = []
-    for path in sorted(root.rglob("*.best_config")):
-        if path.stat().st_mtime < since:
-            continue
+    for path in found:
         config = json.loads(path.read_text())
         names = {m for py in path.parent.glob("*.py") for m in KERNEL_NAME.findall(py.read_text())}
         if len(names) != 1:
-            entry = config.get("triton_cache_hash") or "-"
-            names = {f.stem for f in root.rglob(f"{entry}/*.json") if not f.stem.startswith("__")}
-        rows.append({"kernel": names.pop() if len(names) == 1 else "?", **config})
+            names = compiled.get(config.get("triton_cache_hash"), set())
+        rows.append({"kernel": next(iter(names)) if len(names) == 1 else "?", **config})
     return rows
 
 
@@ -509,8 +514,9 @@ def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
                 rows += attempt(f"{preset} {name}", failed, bandwidth, preset, dtype, budget, 3,
                                 device, (name,)) or []
                 pd.DataFrame(rows).to_csv(out / "stats/bandwidth.csv", index=False)
-                tuned += [{"model": preset, "engine": name} | row
-                          for row in tuned_configs(Path(cache_dir()), start)]
+                if device == "cuda":  # Inductor tunes only Triton kernels
+                    tuned += [{"model": preset, "engine": name} | row
+                              for row in tuned_configs(Path(cache_dir()), start)]
                 if tuned:
                     pd.DataFrame(tuned).to_csv(out / "stats/tuned.csv", index=False)
 

@@ -76,10 +76,13 @@ def test_what_a_slot_the_mask_hides_holds_never_reaches_the_kernels_output(lengt
 
 
 @needs_kernel
-@pytest.mark.parametrize("length,seen", [(100, [40]), (2100, [1500])])  # one part; four
-def test_the_kernel_is_checked_by_a_case_it_must_fail(length, seen):
+@pytest.mark.parametrize("rows,length,seen,shared", [
+    (1, 100, [40], False), (1, 2100, [1500], False),  # one part; several
+    (2, 100, [40, 41], True), (2, 2100, [1500, 1501], True)])  # rows together: SHARED_ROWS
+def test_the_kernel_is_checked_by_a_case_it_must_fail(rows, length, seen, shared, monkeypatch):
     """Negative control: the same comparison tells a mask shifted by one slot apart."""
-    q, k, v, mask = inputs(1, length, seen)
+    monkeypatch.setattr(attention, "SHARED_ROWS", shared)
+    q, k, v, mask = inputs(rows, length, seen)
     out, _ = attention.attention(None, q, k, v, mask)
     shifted = torch.roll(mask, 1, dims=-1)
     assert not torch.allclose(out, sdpa(q, k, v, shifted, 64 ** -0.5), rtol=1e-5, atol=1e-5)
@@ -151,4 +154,4 @@ def test_the_kernel_runs_under_tritons_interpreter():
                           __file__, "-k", "kernel or sdpa"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
-    assert "24 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
+    assert "26 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]

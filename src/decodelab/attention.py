@@ -41,7 +41,7 @@ SPLIT_SPAN = 128
 MAX_SPLITS = 32
 # A verification's K + 1 rows in one program per head (`attend_rows_kernel`), which reads each
 # block of keys and values once for all of them, instead of one program per row, each reading
-# them again (on an H100 5 rows took 96-141 us at 16K slots against 32-44 for one). Off until
+# them again (on an H100 5 rows took 96-141 us at 16K slots against 32-46 for one). Off until
 # it has been timed on a GPU.
 SHARED_ROWS = False
 
