@@ -42,26 +42,27 @@ from decodelab.io import write_raw
 # figure (its datasheet says 4.8 TB/s), the H100 SXM's (HBM3) the datasheet's. Another card's floor
 # is NaN; `over_measured_floor`, on the copy bandwidth measured in the process, holds for any.
 PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
-# The floor's engines: graphs.ENGINES' own (`fused` is gpt-fast's recipe, decodelab.fused), and
-# two ablations of `fused`: `reductions`, its Linear layout and coordinate-descent tuning with
-# attention on SDPA's math backend (a bmm, a softmax and a bmm, which Inductor fuses) while it
-# compiles; `linear+attend`, the Linear layout and the kernel with Inductor's defaults (its GEMVs
-# cuBLAS's on contiguous rows); and `+attend`, an engine with decodelab's attention kernel alone.
-# On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token and gpt2 from
-# 0.73 to 0.59 ms; Conv1D's own layout under coordinate descent was slower than `compiled`
-# (results/reference/cuda-h100/floor-kernels/); `fused` took gpt2-xl to 2.86-2.96 ms in one
-# process and 3.32-3.51 ms in two later ones (`compiled` 3.46-3.51 beside it), and with cuBLAS's
-# GEMVs the layout made no difference to gpt2 (results/reference/cuda-h100/floor-fused/).
+# The floor's engines: graphs.ENGINES' own (`fused` is gpt-fast's recipe with decodelab's kernels,
+# decodelab.fused), and ablations of `fused`: `reductions`, its Linear layout and
+# coordinate-descent tuning with attention on SDPA's math backend (a bmm, a softmax and a bmm,
+# which Inductor fuses) while it compiles; `reductions+attend`, that with decodelab's attention
+# kernel (the `fused` engine before decodelab.matvec: its GEMVs Inductor's tuned reductions);
+# `linear+attend`, the Linear layout and the attention kernel with Inductor's defaults (its GEMVs
+# cuBLAS's on contiguous rows); and `+attend`, an engine with the attention kernel alone.
+# On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token
+# (results/reference/cuda-h100/floor-kernels/), `reductions+attend` to 2.86-3.51 ms in four
+# processes (results/reference/cuda-h100/floor-fused/) and `fused` to 2.63 ms beside its 3.17-3.22
+# (results/reference/cuda-h100/floor-matvec/).
 ATTEND = "+attend"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
-    "reductions", "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND)
+    "reductions", "reductions" + ATTEND, "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND)
 FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE, "linear": {}}
 # Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
 # kernels, reductions apart from pointwise ones; attention, whose kernels may be CUTLASS ones;
 # cuBLAS and CUTLASS GEMM/GEMV kernels; copies and indexing; the rest).
 KERNEL_KINDS = (("triton_reduction", r"^triton_(red|per)_"), ("triton_pointwise", r"^triton_"),
                 ("attention", r"attention|attend|fmha|flash|softmax"),
-                ("matmul", r"gemm|gemv|nvjet|cutlass|xmma|cublas|aten::(add)?mm"),
+                ("matmul", r"gemm|gemv|matvec|nvjet|cutlass|xmma|cublas|aten::(add)?mm"),
                 ("copy", r"copy|memcpy|memset|index|cat|scatter|gather"))
 TOP_KERNELS = 8  # named per engine, with their calls and time per step
 SMOKE_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 2, "corpus_mb": 0.5, "seq_len": 64,
@@ -462,11 +463,11 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # matmuls took over 330 s on an H100 and did not finish there (Inductor's caches keep what it
 # tuned for a later call on the same machine).
 # `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
-# 74 s (gpt2) on an H100.
+# 74 s (gpt2) on an H100; `fused` tunes the kernels around its own: 131-141 s and 56-58 s.
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
-                           "reductions": 240, "fused": 240, "linear": 150},
+                           "reductions": 240, "fused": 200, "linear": 150},
                "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,
-                        "reductions": 120, "fused": 120, "linear": 60}}
+                        "reductions": 120, "fused": 100, "linear": 60}}
 
 
 KERNEL_NAME = re.compile(r"""['"]kernel_name['"]: ['"](\w+)['"]""")

@@ -1,6 +1,6 @@
 """decodelab's attention kernel against SDPA: on a CUDA device, or on the CPU under Triton's
 interpreter (TRITON_INTERPRET=1 with Triton importable). `make test` installs Triton in a
-directory of its own (`make kernel-tools`), and `test_the_kernel_runs_under_tritons_interpreter`
+directory of its own (`make kernel-tools`), and `test_the_kernels_run_under_tritons_interpreter`
 runs this file's kernel tests in a process that imports it; without either, the SDPA fallback."""
 
 import copy
@@ -145,13 +145,33 @@ def test_a_graph_engine_on_the_kernel_decodes_the_eager_models_greedy_tokens(nam
     assert decode(engine, prompt, 64).tokens == decode(model, prompt, 64).tokens
 
 
+def kernel_tools_env(interpret: bool) -> dict:
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(INTERPRETER), str(ROOT / "src")])}
+    if interpret:
+        return env | {"TRITON_INTERPRET": "1"}
+    return {k: v for k, v in env.items() if k != "TRITON_INTERPRET"}
+
+
+needs_kernel_tools = pytest.mark.skipif(not (INTERPRETER / ".installed").exists(),
+                                        reason="no `make kernel-tools`")
+
+
 @pytest.mark.skipif(KERNEL, reason="the kernel tests run in this process")
-@pytest.mark.skipif(not (INTERPRETER / ".installed").exists(), reason="no `make kernel-tools`")
-def test_the_kernel_runs_under_tritons_interpreter():
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(INTERPRETER), str(ROOT / "src")]),
-                        "TRITON_INTERPRET": "1"}
+@needs_kernel_tools
+def test_the_kernels_run_under_tritons_interpreter():
+    """This file's kernel tests and tests/test_matvec.py's."""
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                          __file__, "-k", "kernel or sdpa"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+                          __file__, str(ROOT / "tests/test_matvec.py"), "-k",
+                          "(kernel or sdpa) and not compile"],
+                         cwd=ROOT, env=kernel_tools_env(True), capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
-    assert "26 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
+    assert "47 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
+
+
+@needs_kernel_tools
+def test_the_kernels_compile_for_an_h100():
+    """What the interpreter lets pass and a GPU's compiler would not (tests/compile_kernels.py)."""
+    run = subprocess.run([sys.executable, str(ROOT / "tests/compile_kernels.py")], cwd=ROOT,
+                         env=kernel_tools_env(False), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]

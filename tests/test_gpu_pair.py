@@ -62,8 +62,8 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     assert run.returncode == 0, run.stderr[-2000:]
     df = pd.read_csv(tmp_path / "stats/bandwidth.csv")
     # nothing compiled off CUDA; no Triton there, so `+attend` runs SDPA as its fallback
-    assert set(df.engine) == {"eager", "graph", "reductions", "fused", "graph+attend",
-                              "linear+attend"}
+    assert set(df.engine) == {"eager", "graph", "reductions", "fused", "reductions+attend",
+                              "graph+attend", "linear+attend"}
     assert (df.diverges_from_eager_at == -1).all()  # float32: every engine's greedy tokens agree
     assert df.eager_margin_there.isna().all()  # so no margin where they part
     assert df.groupby("engine").size().eq(3).all()
@@ -91,6 +91,7 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),
     ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x64x64", "matmul"),
     ("void gemv2T_kernel_val<int, int, __half, __half, float, 128, 16>", "matmul"),
+    ("matvec_kernel", "matmul"),  # decodelab.matvec
     ("nvjet_sm90_hsh_64x8_64x16_4x1_v_bz_splitK_bias_NNT", "matmul"),  # cuBLASLt on an H100
     ("void at::native::index_elementwise_kernel<128, 4>", "copy"),
     ("Memcpy DtoD (Device -> Device)", "copy"),

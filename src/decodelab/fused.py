@@ -1,52 +1,83 @@
 """gpt-fast's recipe for batch-1 decoding as a model transform: the `fused` graph engine's model.
 
-Inductor turns a one-row matmul into a reduction kernel (its bias and the elementwise work beside
-it fused in, its launch configuration tuned) only under coordinate-descent tuning, and only for
-`mm`/`bmm` (torch/_inductor/decomposition.py): GPT-2's Conv1D calls `addmm` on an [in, out]
-weight, which stays a cuBLAS call. `prepare` stores each Conv1D's weight as a Linear's ([out, in],
-so a reduction reads contiguous rows) computed as a matmul and an add, and puts attention on
-decodelab's one-kernel attention (`decodelab.attention`); `COMPILE` is the Inductor options.
-On an H100 the Linear layout with coordinate descent (and attention on SDPA's math backend) took
-gpt2-xl from the `compiled` engine's 3.43 to 3.18 ms per token
-(results/reference/cuda-h100/floor-kernels/), and this engine to 2.86-2.96 ms in one process but
-3.32-3.51 ms in two later ones, beside `compiled`'s 3.46-3.51
-(results/reference/cuda-h100/floor-fused/).
+A batch-1 step reads every weight once, in one-row matmuls (GEMVs), and attends one query over a
+static cache. `prepare` stores each of GPT-2's Conv1D weights ([in, out]) as a Linear's ([out,
+in], so a GEMV reads contiguous rows), runs every one-row product on decodelab's matvec kernel
+(`decodelab.matvec`, the MLP's GELU in its first product's kernel) and attention on decodelab's
+one-kernel attention (`decodelab.attention`); Inductor compiles the rest (layer norms, residual
+adds, cache writes) under coordinate-descent tuning (`COMPILE`, as gpt-fast sets it). Passes of
+several rows (a prompt, a verification) stay matmuls.
+
+Before the matvec kernel, the GEMVs were Inductor's tuned reductions (`as_linears` alone: Inductor
+makes a one-row `mm` a reduction only under coordinate descent, and GPT-2's `addmm` on an [in,
+out] weight stays a cuBLAS call). Those fused the GELU into the next product's reads, computing
+it once per row of the weight: 13-21 us per gpt2-xl layer where the product alone takes 9, and
+their tuned launch configurations differed between processes. On an H100 gpt2-xl decoded at
+2.63 ms per token on this model against 3.17-3.22 ms on that one in the same process (2.83x and
+3.41-3.46x the datasheet's bandwidth floor; results/reference/cuda-h100/floor-matvec/).
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import attention
+from . import attention, matvec
 
 COMPILE = {"coordinate_descent_tuning": True}  # gpt-fast sets no max_autotune
 
 
 class LinearConv1D(torch.nn.Module):
     """GPT-2's Conv1D (x W + b, W [in, out]) with W stored transposed, as a Linear's [out, in],
-    computed as a matmul and an add."""
+    computed as a matmul and an add, or one row on decodelab's matvec kernel (`kernel`), then
+    the activation `act` took over from the module around it (None: none)."""
 
-    def __init__(self, conv):
+    def __init__(self, conv, kernel: bool = False, act=None):
         super().__init__()
         self.weight = torch.nn.Parameter(conv.weight.detach().t().contiguous(),
                                          requires_grad=False)
         self.bias = conv.bias
+        self.kernel = kernel
+        self.act = act
 
     def forward(self, x):
-        return torch.matmul(x, self.weight.t()) + self.bias
+        if self.kernel:
+            return matvec.linear(x, self.weight, self.bias, self.act)
+        y = torch.matmul(x, self.weight.t()) + self.bias
+        return y if self.act is None else self.act(y)
 
 
-def as_linears(model):
-    """`model` with every Conv1D replaced by a LinearConv1D, in place."""
+class MatvecLinear(torch.nn.Module):
+    """A Linear (its parameters shared) whose one-row products run on the matvec kernel."""
+
+    def __init__(self, linear):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x):
+        return matvec.linear(x, self.weight, self.bias)
+
+
+def as_linears(model, kernel: bool = False):
+    """`model` with every Conv1D replaced by a LinearConv1D, in place. With `kernel`, their one-row
+    products on the matvec kernel, an MLP's GELU computed by its first product's kernel, and every
+    Linear a MatvecLinear."""
     from transformers.pytorch_utils import Conv1D
 
     for parent in list(model.modules()):
+        act = getattr(parent, "act", None)
+        if not (kernel and isinstance(getattr(parent, "c_fc", None), Conv1D) and matvec.fuses(act)):
+            act = None
         for name, child in list(parent.named_children()):
             if isinstance(child, Conv1D):
-                setattr(parent, name, LinearConv1D(child))
+                setattr(parent, name, LinearConv1D(child, kernel, act if name == "c_fc" else None))
+            elif kernel and type(child) is torch.nn.Linear:
+                setattr(parent, name, MatvecLinear(child))
+        if act is not None:
+            parent.act = torch.nn.Identity()
     return model
 
 
-def prepare(model):
-    """`model` in the Linear layout with decodelab's attention, in place."""
-    return attention.use(as_linears(model))
+def prepare(model, kernel: bool = True):
+    """`model` in the Linear layout with decodelab's attention and (with `kernel`) its one-row
+    products on the matvec kernel, in place."""
+    return attention.use(as_linears(model, kernel))

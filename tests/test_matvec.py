@@ -1,0 +1,125 @@
+"""decodelab's matvec kernel against F.linear: on a CUDA device, or on the CPU under Triton's
+interpreter (tests/test_attention.py's `test_the_kernels_run_under_tritons_interpreter` runs this
+file's kernel tests there); without either, the matmul fallback."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+from transformers.activations import NewGELUActivation
+
+from decodelab import attention, decode, fused, graphs, matvec, sources
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+KERNEL = matvec.triton is not None and (CUDA or matvec.INTERPRETED)
+needs_kernel = pytest.mark.skipif(not KERNEL, reason="no CUDA device and no Triton interpreter")
+
+
+def inputs(n: int, k: int, bias: bool, dtype=torch.float32):
+    g = torch.Generator().manual_seed(n * 7919 + k)
+    x, w = torch.randn(1, 1, k, generator=g), torch.randn(n, k, generator=g) / k**0.5
+    b = torch.randn(n, generator=g) if bias else None
+    return [None if t is None else t.to(DEVICE, dtype) for t in (x, w, b)]
+
+
+def reference(x, w, b):
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+# rows past the last program's end; k short of one BK, several BKs, not a multiple of one
+CASES = [(37, 100, True), (300, 1600, True), (50, 2100, False), (7, 16, True), (90, 4200, True)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [matvec.BN, 1, 16])  # rows per program
+@pytest.mark.parametrize("n,k,bias", CASES)
+def test_the_kernel_multiplies_one_row_as_linear_does(n, k, bias, rows, monkeypatch):
+    monkeypatch.setattr(matvec, "BN", rows)
+    x, w, b = inputs(n, k, bias)
+    assert matvec.serves(x, w)
+    out = matvec.linear(x, w, b)
+    assert out.shape == (1, 1, n) and out.dtype == x.dtype
+    torch.testing.assert_close(out.double(), reference(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k,scale", [(37, 100, 1.0), (300, 1600, 30.0)])  # 30: tanh saturates
+def test_the_kernel_computes_gpt2s_gelu_on_its_product(n, k, scale):
+    x, w, b = inputs(n, k, True)
+    act = NewGELUActivation()
+    assert matvec.fuses(act) and not matvec.fuses(torch.nn.GELU())
+    out = matvec.linear(x * scale, w, b, act)
+    torch.testing.assert_close(out.double(), act(reference(x * scale, w, b)), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out.double(), reference(x * scale, w, b), rtol=1e-3, atol=1e-3)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(37, 100), (90, 4200)])
+def test_the_kernel_is_checked_by_a_case_it_must_fail(n, k):
+    """Negative control: the same comparison tells the product with the last column of the
+    weight dropped apart."""
+    x, w, b = inputs(n, k, True)
+    out = matvec.linear(x, w, b).double()
+    cut = w.clone()
+    cut[:, -1] = 0
+    assert not torch.allclose(out, reference(x, cut, b), rtol=1e-5, atol=1e-5)
+
+
+def test_products_the_kernel_does_not_serve_are_a_matmul():
+    x, w, b = inputs(30, 64, True)
+    two = torch.cat([x, x], dim=1)
+    assert not matvec.serves(two, w)  # two rows: a verification's pass
+    assert not matvec.serves(x, w.t().contiguous().t())  # a transposed view
+    assert not matvec.serves(x.double(), w)
+    torch.testing.assert_close(matvec.linear(two, w, b), F.linear(two, w, b))
+    act = NewGELUActivation()
+    torch.testing.assert_close(matvec.linear(two, w, b, act), act(F.linear(two, w, b)))
+    if not KERNEL:
+        assert not matvec.serves(x, w)
+
+
+@torch.inference_mode()
+def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_by_pass(monkeypatch):
+    """fused.prepare(kernel=True): prefill (matmuls), one-token steps (the kernel where it runs:
+    four per layer and the LM head) and a verification's 3 tokens (matmuls) on a static cache.
+    Off a GPU: programs of 16 rows (fewer for the interpreter to run) and a vocabulary of 512."""
+    served = []
+    serves = matvec.serves
+    monkeypatch.setattr(matvec, "serves", lambda *a: served.append(serves(*a)) or served[-1])
+    if not CUDA:
+        monkeypatch.setattr(matvec, "BN", 16)
+    torch.manual_seed(0)
+    config = sources.preset_config("gpt2-tiny")
+    config.vocab_size = 512
+    model = AutoModelForCausalLM.from_config(config).to(DEVICE).eval()
+    plain, ours = (fused.prepare(copy.deepcopy(model), kernel=k) for k in (False, True))
+    assert any(isinstance(m, fused.MatvecLinear) for m in ours.modules())
+    mlp = ours.transformer.h[0].mlp  # its GELU in its first product's kernel
+    assert isinstance(mlp.act, torch.nn.Identity) and matvec.fuses(mlp.c_fc.act)
+    assert ours.lm_head.weight is ours.transformer.wte.weight  # still tied
+    ids = torch.randint(0, model.config.vocab_size, (1, 30), device=DEVICE)
+    engines = [graphs.Engine(m, capture=False, max_len=40) for m in (plain, ours)]
+    caches = [e.new_cache() for e in engines]
+    steps = [(0, 20), (20, 1), (21, 3), (24, 1)]
+    for start, n in steps:
+        a, b = (e(ids[:, start:start + n], past_key_values=c).logits.clone()
+                for e, c in zip(engines, caches, strict=True))
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    per_pass = 4 * model.config.n_layer + 1
+    assert served == [False] * per_pass + [KERNEL] * per_pass + [False] * per_pass + [
+        KERNEL] * per_pass
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
+@torch.inference_mode()
+def test_the_compiled_engine_on_it_decodes_the_eager_models_greedy_tokens():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(sources.preset_config("gpt2-tiny")).cuda().eval()
+    ours = fused.prepare(copy.deepcopy(model), kernel=True)
+    engine = graphs.Engine(ours, max_len=128, compile=fused.COMPILE)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16), device="cuda")
+    assert decode.decode(engine, prompt, 64).tokens == decode.decode(model, prompt, 64).tokens
+    assert attention.NAME == ours.config._attn_implementation
