@@ -31,9 +31,10 @@ device never waits for the host's turn between iterations.
 input shape, then captured like the rest): a graph still pays each small kernel's launch and tail
 on the GPU, and fusing a layer's elementwise work into few kernels is how gpt-fast nears the
 bandwidth floor. `autotuned` compiles with Inductor's autotuning too (`COMPILE_OPTIONS`): minutes
-per shape, once. `fused` is gpt-fast's recipe (`decodelab.fused`): the model's matmuls in the
-Linear layout, compiled into tuned reductions, and its attention in one kernel per layer (in place:
-the model given is changed).
+per shape, once. `fused` is gpt-fast's recipe with decodelab's kernels (`decodelab.fused`): the
+model's one-row products on a GEMV kernel in the Linear layout, its attention in one kernel per
+layer, and the rest compiled under coordinate-descent tuning (in place: the model given is
+changed).
 """
 
 from __future__ import annotations

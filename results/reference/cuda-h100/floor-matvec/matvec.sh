@@ -11,7 +11,7 @@ mkdir -p $OUT/floor
 cp .gpu/commit $OUT/commit.txt 2>/dev/null; git diff --stat > $OUT/diff.txt 2>/dev/null
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" | tee $OUT/versions.txt
 nvidia-smi --query-gpu=name,serial,clocks.max.memory,clocks.max.sm --format=csv >> $OUT/versions.txt 2>&1
-timeout 120 python3 -m pytest tests/test_matvec.py --noconftest -p no:cacheprovider -q -rs -k "${TESTS_K:-not nothing}" \
+timeout 120 python3 -m pytest tests/test_matvec.py --noconftest -p no:cacheprovider -q -rs ${TESTS_K:+-k} ${TESTS_K:+"$TESTS_K"} \
   --durations=5 > $OUT/test_matvec.txt 2>&1; echo "exit $?" >> $OUT/test_matvec.txt
 tail -6 $OUT/test_matvec.txt
 LEFT=$((END - SECONDS - ${BENCH_AFTER:-150}))
