@@ -50,7 +50,7 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # `linear+attend`, the Linear layout and the attention kernel with Inductor's defaults (its GEMVs
 # cuBLAS's on contiguous rows); and `+attend`, an engine with the attention kernel alone.
 # On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token
-# (results/reference/cuda-h100/floor-kernels/), `reductions+attend` to 2.86-3.51 ms in four
+# (results/reference/cuda-h100/floor-kernels/), `reductions+attend` to 2.86-3.51 ms in three
 # processes (results/reference/cuda-h100/floor-fused/) and `fused` to 2.63 ms beside its 3.17-3.22
 # (results/reference/cuda-h100/floor-matvec/).
 ATTEND = "+attend"
