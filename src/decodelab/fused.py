@@ -26,41 +26,39 @@ from . import attention, matvec
 COMPILE = {"coordinate_descent_tuning": True}  # gpt-fast sets no max_autotune
 
 
+def transposed(conv) -> torch.nn.Parameter:
+    """GPT-2's Conv1D weight ([in, out]) stored as a Linear's ([out, in])."""
+    return torch.nn.Parameter(conv.weight.detach().t().contiguous(), requires_grad=False)
+
+
 class LinearConv1D(torch.nn.Module):
     """GPT-2's Conv1D (x W + b, W [in, out]) with W stored transposed, as a Linear's [out, in],
-    computed as a matmul and an add, or one row on decodelab's matvec kernel (`kernel`), then
-    the activation `act` took over from the module around it (None: none)."""
+    computed as a matmul and an add."""
 
-    def __init__(self, conv, kernel: bool = False, act=None):
+    def __init__(self, conv):
         super().__init__()
-        self.weight = torch.nn.Parameter(conv.weight.detach().t().contiguous(),
-                                         requires_grad=False)
-        self.bias = conv.bias
-        self.kernel = kernel
-        self.act = act
+        self.weight, self.bias = transposed(conv), conv.bias
 
     def forward(self, x):
-        if self.kernel:
-            return matvec.linear(x, self.weight, self.bias, self.act)
-        y = torch.matmul(x, self.weight.t()) + self.bias
-        return y if self.act is None else self.act(y)
+        return torch.matmul(x, self.weight.t()) + self.bias
 
 
 class MatvecLinear(torch.nn.Module):
-    """A Linear (its parameters shared) whose one-row products run on the matvec kernel."""
+    """act(x weight^T + bias) (weight [out, in], `act` None or one the kernel `fuses`), one row on
+    decodelab's matvec kernel (`matvec.linear`)."""
 
-    def __init__(self, linear):
+    def __init__(self, weight, bias, act=None):
         super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias
+        self.weight, self.bias, self.act = weight, bias, act
 
     def forward(self, x):
-        return matvec.linear(x, self.weight, self.bias)
+        return matvec.linear(x, self.weight, self.bias, self.act)
 
 
 def as_linears(model, kernel: bool = False):
-    """`model` with every Conv1D replaced by a LinearConv1D, in place. With `kernel`, their one-row
-    products on the matvec kernel, an MLP's GELU computed by its first product's kernel, and every
-    Linear a MatvecLinear."""
+    """`model` with every Conv1D in the Linear layout, in place: a LinearConv1D, or with `kernel`
+    a MatvecLinear (every Linear too, its parameters shared, and an MLP's GELU moved into its
+    first product's kernel)."""
     from transformers.pytorch_utils import Conv1D
 
     for parent in list(model.modules()):
@@ -68,10 +66,13 @@ def as_linears(model, kernel: bool = False):
         if not (kernel and isinstance(getattr(parent, "c_fc", None), Conv1D) and matvec.fuses(act)):
             act = None
         for name, child in list(parent.named_children()):
-            if isinstance(child, Conv1D):
-                setattr(parent, name, LinearConv1D(child, kernel, act if name == "c_fc" else None))
+            if isinstance(child, Conv1D) and kernel:
+                setattr(parent, name, MatvecLinear(transposed(child), child.bias,
+                                                   act if name == "c_fc" else None))
+            elif isinstance(child, Conv1D):
+                setattr(parent, name, LinearConv1D(child))
             elif kernel and type(child) is torch.nn.Linear:
-                setattr(parent, name, MatvecLinear(child))
+                setattr(parent, name, MatvecLinear(child.weight, child.bias))
         if act is not None:
             parent.act = torch.nn.Identity()
     return model
