@@ -23,7 +23,7 @@ LAYERS = {
                 "sweep", "study", "equivalence", "verify", "machine", "gguf_convert", "llamacpp",
                 "llamapeer", "graphs", "quantized", "sparse_kv", "longctx", "batched", "refresh",
                 "batchstudy", "longstudy", "budgetdraft", "floor", "pipelined", "capture",
-                "attention", "matvec", "fused"},
+                "attention", "matvec", "fused", "static_cache"},
     "analyze": {"stats", "theory", "regimes", "regime_depth", "changepoints", "phases",
                 "variance", "memory", "onsets", "collapse", "stability", "selection",
                 "quantized_stats", "scheduler", "batchsim", "longstats", "batchstats"},

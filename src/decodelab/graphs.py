@@ -13,8 +13,8 @@ are valid only until the engine's next pass: a graph captured earlier may replay
 one's outputs. The loops use what a pass returns before the next, or copy it. Graphs of the
 device work between passes (`between`: the pipelined loop's verdict) have a pool of their own.
 
-The cache's write position lives on the device (each `StaticLayer` keeps a `cumulative_length`
-tensor that its `update` reads and advances in place), so one captured graph serves every
+The cache's write position lives on the device (one tensor that every layer's `update` reads and
+the last advances in place, `decodelab.static_cache`), so one captured graph serves every
 position. The causal mask is built inside the graph from the same position and hides every slot
 at or past it, so a rollback only moves the position back: the stale keys beyond it are never
 read and are overwritten by the next write. The loops' length stays on the host (`Slots.length`),
@@ -42,9 +42,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from transformers import StaticCache
 
-from . import fused
+from . import fused, static_cache
 from .capture import Recorder
 from .decode import cache_kwarg
 from .errors import DecodelabError
@@ -104,7 +103,7 @@ class Engine:
         self.model = model
         self.capture = capture
         self.max_len = max_len or model.config.get_text_config().max_position_embeddings
-        self.cache = StaticCache(config=model.config, max_cache_len=self.max_len)
+        self.cache = static_cache.new(model.config, self.max_len)
         self.recorder = Recorder(capture)
         self.between = Recorder(capture)  # device work between passes, in a pool of its own
         self.slots: Slots | None = None
@@ -143,7 +142,7 @@ class Engine:
         return self.model.generate(*args, assistant_model=assistant_model, **kwargs)
 
     def counters(self) -> list[torch.Tensor]:
-        return [layer.cumulative_length for layer in self.cache.layers]
+        return static_cache.positions(self.cache)
 
     def move_back(self, n: int) -> None:
         """The write position of every layer n tokens back: one device op, no host sync."""

@@ -1,0 +1,78 @@
+"""The graph engine's static cache: transformers' `StaticCache` with one write position for every
+layer and each layer's keys and values in one buffer.
+
+transformers' `StaticLayer` keeps a position per layer, and each layer's `update` writes its keys,
+writes its values and advances its position: three small kernels per layer per step, each a
+launch and a tail that a CUDA graph still pays (Inductor fuses none of them, as each mutates
+another buffer). Here the layers read one position tensor, which the last layer advances, and a
+layer's keys and values are the two halves of one buffer, written by one `index_copy_` of the
+pair: one kernel per layer. A pass reads the position before any layer runs (transformers
+builds its mask from the first layer's length), so every layer writes at the same slots.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
+
+
+class PairedLayer(StaticLayer):
+    """A `StaticLayer` whose keys and values are `pair[0]` and `pair[1]`, at the position of
+    `first` (the cache's first layer; None: this is it), advanced only by the layer that
+    `advances` (the last)."""
+
+    def __init__(self, max_cache_len: int, first: PairedLayer | None, advances: bool):
+        super().__init__(max_cache_len)
+        self.first, self.advances = first, advances
+
+    def lazy_initialization(self, key_states, value_states):
+        if key_states.shape[-1] != value_states.shape[-1] or key_states.dtype != value_states.dtype:
+            raise ValueError("a paired cache needs keys and values of one head size and dtype")
+        self.device = key_states.device
+        self.batch_size, self.num_heads, _, self.k_head_dim = key_states.shape
+        self.v_head_dim = self.k_head_dim
+        self.pair = torch.zeros((2, self.batch_size, self.num_heads, self.max_cache_len,
+                                 self.k_head_dim), dtype=key_states.dtype, device=self.device)
+        self.keys, self.values = self.pair[0], self.pair[1]
+        if self.first is None:
+            self.cumulative_length = self.cumulative_length.to(self.device)
+        else:
+            self.cumulative_length = self.first.cumulative_length
+        if not torch.compiler.is_dynamo_compiling():  # as StaticLayer: the graphs need them fixed
+            torch._dynamo.mark_static_address(self.pair)
+            torch._dynamo.mark_static_address(self.cumulative_length)
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        slots = torch.arange(n, device=self.device) + self.cumulative_length
+        self.pair.index_copy_(3, slots, torch.stack((key_states, value_states)))
+        if self.advances:
+            self.cumulative_length.add_(n)
+        # views taken here, not the attributes: dynamo would lift those as inputs aliasing `pair`
+        return self.pair[0], self.pair[1]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.advances:  # the position is shared: move it once
+            super().crop(tokens_to_remove)
+
+
+def new(config, max_len: int) -> StaticCache:
+    """A static cache of `max_len` tokens for a model of `config` whose layers all attend over
+    the whole cache (a sliding-window layer gets transformers' own cache)."""
+    cache = StaticCache(config=config, max_cache_len=max_len)
+    if not all(type(layer) is StaticLayer for layer in cache.layers):
+        return cache
+    first = PairedLayer(max_len, None, len(cache.layers) == 1)
+    cache.layers = [first] + [PairedLayer(max_len, first, i == len(cache.layers) - 1)
+                              for i in range(1, len(cache.layers))]
+    return cache
+
+
+def positions(cache: StaticCache) -> list[torch.Tensor]:
+    """The cache's write positions on the device, each once (a paired cache has one)."""
+    found = {id(layer.cumulative_length): layer.cumulative_length for layer in cache.layers}
+    return list(found.values())
