@@ -33,14 +33,16 @@ def main() -> None:
     for gelu in (False, True):
         compile_for_h100(matvec.matvec_kernel, dict.fromkeys(("x", "w", "b", "out"), "*fp16"),
                          {"BN": matvec.BN, "BK": matvec.BLOCK_K, "BIAS": True, "GELU": gelu})
-    pointers = dict.fromkeys(("q", "k", "v", "out"), "*fp16") | {
-        "keep": "*i1", "best_out": "*fp32", "total_out": "*fp32"}
-    for split in (False, True):
-        compile_for_h100(attention.attend_kernel, pointers,
-                         {"D": 64, "BLOCK": attention.BLOCK, "SPLIT": split}, floats=("scale",))
-        compile_for_h100(attention.attend_rows_kernel, pointers,
-                         {"D": 64, "R": 16, "BLOCK": attention.BLOCK, "SPLIT": split,
-                          "IEEE": False}, floats=("scale",))
+    for ends in (False, True):  # a boolean mask, or each row's count of slots seen
+        pointers = dict.fromkeys(("q", "k", "v", "out"), "*fp16") | {
+            "keep": "*i64" if ends else "*i1", "best_out": "*fp32", "total_out": "*fp32"}
+        for split in (False, True):
+            compile_for_h100(attention.attend_kernel, pointers,
+                             {"D": 64, "BLOCK": attention.BLOCK, "SPLIT": split, "ENDS": ends},
+                             floats=("scale",))
+            compile_for_h100(attention.attend_rows_kernel, pointers,
+                             {"D": 64, "R": 16, "BLOCK": attention.BLOCK, "SPLIT": split,
+                              "IEEE": False, "ENDS": ends}, floats=("scale",))
     compile_for_h100(attention.combine_kernel, dict.fromkeys(("parts", "best", "total"), "*fp32")
                      | {"out": "*fp16"}, {"D": 64, "PARTS": 8})
     try:

@@ -35,6 +35,12 @@ def inputs(rows: int, length: int, seen: list[int], dtype=torch.float32, heads=3
     return [t.to(DEVICE, dtype) for t in (q, k, v)] + [mask[None, None].to(DEVICE)]
 
 
+def kept(mask: torch.Tensor, seen: list[int], ends: bool) -> torch.Tensor:
+    """What the kernel is given: the boolean mask, or with `ends` each row's count of slots seen
+    (`attention.causal_ends`)."""
+    return torch.tensor(seen, device=mask.device) if ends else mask
+
+
 def sdpa(q, k, v, mask, scale):
     out = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                            attn_mask=mask, scale=scale)
@@ -48,42 +54,46 @@ CASES = [(1, 288, [33]), (1, 150, [150]), (2, 64, [1, 64]), (4, 300, [70, 71, 72
 
 
 @needs_kernel
+@pytest.mark.parametrize("ends", [False, True])
 @pytest.mark.parametrize("rows,length,seen,shared", [case + (False,) for case in CASES] + [
     case + (True,) for case in CASES if case[0] > 1])  # rows together: SHARED_ROWS
 def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, length, seen, shared,
-                                                                        monkeypatch):
+                                                                        ends, monkeypatch):
     monkeypatch.setattr(attention, "SHARED_ROWS", shared)
     q, k, v, mask = inputs(rows, length, seen)
-    assert attention.serves(q, k, mask)
-    out, weights = attention.attention(None, q, k, v, mask, scaling=0.125)
+    assert attention.serves(q, k, kept(mask, seen, ends))
+    out, weights = attention.attention(None, q, k, v, kept(mask, seen, ends), scaling=0.125)
     assert weights is None and out.shape == (1, rows, 3, 64)
     torch.testing.assert_close(out, sdpa(q, k, v, mask, 0.125), rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
+@pytest.mark.parametrize("ends", [False, True])
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("length,seen", [(200, [10, 130]), (1500, [10, 1300])])
 def test_what_a_slot_the_mask_hides_holds_never_reaches_the_kernels_output(length, seen, shared,
-                                                                           monkeypatch):
+                                                                           ends, monkeypatch):
     monkeypatch.setattr(attention, "SHARED_ROWS", shared)
     q, k, v, mask = inputs(2, length, seen)
     hidden = ~mask[0, 0].any(0)
     k[:, :, hidden], v[:, :, hidden] = float("nan"), float("nan")  # stale slots past a rollback
-    out, _ = attention.attention(None, q, k, v, mask)
+    out, _ = attention.attention(None, q, k, v, kept(mask, seen, ends))
     assert out.isfinite().all()
     k[:, :, hidden], v[:, :, hidden] = 0.0, 0.0
     torch.testing.assert_close(out, sdpa(q, k, v, mask, 64 ** -0.5), rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
+@pytest.mark.parametrize("ends", [False, True])
 @pytest.mark.parametrize("rows,length,seen,shared", [
     (1, 100, [40], False), (1, 2100, [1500], False),  # one part; several
     (2, 100, [40, 41], True), (2, 2100, [1500, 1501], True)])  # rows together: SHARED_ROWS
-def test_the_kernel_is_checked_by_a_case_it_must_fail(rows, length, seen, shared, monkeypatch):
+def test_the_kernel_is_checked_by_a_case_it_must_fail(rows, length, seen, shared, ends,
+                                                      monkeypatch):
     """Negative control: the same comparison tells a mask shifted by one slot apart."""
     monkeypatch.setattr(attention, "SHARED_ROWS", shared)
     q, k, v, mask = inputs(rows, length, seen)
-    out, _ = attention.attention(None, q, k, v, mask)
+    out, _ = attention.attention(None, q, k, v, kept(mask, seen, ends))
     shifted = torch.roll(mask, 1, dims=-1)
     assert not torch.allclose(out, sdpa(q, k, v, shifted, 64 ** -0.5), rtol=1e-5, atol=1e-5)
 
@@ -106,6 +116,22 @@ def test_passes_the_kernel_does_not_serve_go_to_sdpa():
     torch.testing.assert_close(out, sdpa(*odd[:3], odd[3], 48 ** -0.5), rtol=1e-5, atol=1e-5)
 
 
+def test_a_plain_causal_pass_gets_each_rows_count_of_slots_and_any_other_a_mask():
+    from transformers.masking_utils import and_masks, causal_mask_function, sliding_window_overlay
+
+    ends = attention.causal_ends(1, 3, 40, torch.tensor(7), device="cpu")
+    assert ends.tolist() == [8, 9, 10]
+    torch.testing.assert_close(attention.as_mask(ends, 40)[0, 0],
+                               torch.arange(40)[None, :] <= torch.arange(7, 10)[:, None])
+    padded = attention.causal_ends(1, 3, 10, 7, attention_mask=torch.ones(1, 10, dtype=bool),
+                                   device="cpu")
+    window = attention.causal_ends(1, 3, 10, 7, mask_function=and_masks(
+        causal_mask_function, sliding_window_overlay(4)), device="cpu")
+    for mask in (padded, window, attention.causal_ends(2, 3, 10, 7, device="cpu")):
+        assert mask.dtype == torch.bool and mask.shape[-2:] == (3, 10)
+    assert window[0, 0, 2].sum() == 4  # the window's mask, not the plain causal one
+
+
 def tiny_model():
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(sources.preset_config("gpt2-tiny"))
@@ -117,9 +143,15 @@ def test_a_model_on_it_computes_the_logits_sdpa_does_pass_by_pass(monkeypatch):
     """Prefill (SDPA), one-token steps and a verification's 5 tokens (the kernel where it runs)
     on a static cache, against the same passes on SDPA. Where the kernel runs, it served the
     steps: transformers passed the boolean mask it takes."""
-    served = []
+    served, ends = [], []
     serves = attention.serves
-    monkeypatch.setattr(attention, "serves", lambda *a: served.append(serves(*a)) or served[-1])
+
+    def counted(query, key, mask):
+        ends.append(attention.is_ends(mask))
+        served.append(serves(query, key, mask))
+        return served[-1]
+
+    monkeypatch.setattr(attention, "serves", counted)
     model = tiny_model()
     ours = attention.use(copy.deepcopy(model))
     assert ours.config._attn_implementation == attention.NAME
@@ -132,6 +164,7 @@ def test_a_model_on_it_computes_the_logits_sdpa_does_pass_by_pass(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     layers = model.config.n_layer
     assert served == [False] * layers + [KERNEL] * 3 * layers  # the prompt's pass: SDPA
+    assert all(ends)  # transformers passed `causal_ends`' counts, never a [T, L] mask
 
 
 @needs_cuda
@@ -166,7 +199,7 @@ def test_the_kernels_run_under_tritons_interpreter():
                          cwd=ROOT, env=kernel_tools_env(True), capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
-    assert "47 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
+    assert "71 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
 
 
 @needs_kernel_tools

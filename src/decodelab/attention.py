@@ -51,8 +51,10 @@ if triton is not None:
     @triton.jit
     def attend_kernel(q, k, v, keep, out, best_out, total_out, length, span, scale, q_h, q_t,
                       k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h, out_s, stat_t, stat_h,
-                      D: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
-        """Program (head, row, part) attends over slots [part * span, (part + 1) * span). One
+                      D: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+                      ENDS: tl.constexpr):
+        """Program (head, row, part) attends over slots [part * span, (part + 1) * span) that
+        `keep` keeps: a boolean mask [T, L], or with ENDS each row's count of slots seen [T]. One
         part: the output. Several: each part's unnormalized output, maximum and sum, for
         `combine_kernel`."""
         head = tl.program_id(0)
@@ -66,6 +68,8 @@ if triton is not None:
         total = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
         acc = tl.zeros([D], tl.float32)
         end = tl.minimum(length, (part + 1) * span)
+        if ENDS:  # the loop stops at the row's last slot
+            end = tl.minimum(end, tl.load(keep + row * keep_t).to(tl.int32))
         for start in range(part * span, end, BLOCK):
             slot = start + tl.arange(0, BLOCK)
             # Keys and values load only where the mask keeps a slot: while a static cache
@@ -73,7 +77,10 @@ if triton is not None:
             # (6bbc414 loaded them beside the mask and read the whole cache: on an H100, 42.9
             # against 31.9 us at 16K slots half in use, and in gpt2-xl's `fused` decode 11.8 us
             # per layer with blocks of 64 against 5.9 here, in two processes.)
-            seen = tl.load(keep + row * keep_t + slot * keep_l, mask=slot < end, other=0) != 0
+            if ENDS:
+                seen = slot < end
+            else:
+                seen = tl.load(keep + row * keep_t + slot * keep_l, mask=slot < end, other=0) != 0
             keys = tl.load(k + head * k_h + slot[:, None] * k_l + d[None, :], mask=seen[:, None],
                            other=0.0)
             scores = tl.where(seen, tl.sum(keys.to(tl.float32) * query[None, :], axis=1), -1e30)
@@ -97,7 +104,7 @@ if triton is not None:
     def attend_rows_kernel(q, k, v, keep, out, best_out, total_out, rows, length, span, scale,
                            q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h, out_s,
                            stat_t, stat_h, D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr,
-                           SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                           SPLIT: tl.constexpr, IEEE: tl.constexpr, ENDS: tl.constexpr):
         """`attend_kernel` for all `rows` of a pass in program (head, 0, part): R (a power of
         two, 16 or more, as tl.dot needs) holds them, the scores and the weighted values are
         two small matmuls, and a block's keys and values load once, where any row keeps a
@@ -114,10 +121,16 @@ if triton is not None:
         total = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, D], tl.float32)
         end = tl.minimum(length, (part + 1) * span)
+        if ENDS:
+            stops = tl.load(keep + r * keep_t, mask=live, other=0).to(tl.int32)
+            end = tl.minimum(end, tl.max(stops, axis=0))
         for start in range(part * span, end, BLOCK):
             slot = start + tl.arange(0, BLOCK)
-            seen = tl.load(keep + r[:, None] * keep_t + slot[None, :] * keep_l,
-                           mask=live[:, None] & (slot < end)[None, :], other=0) != 0
+            if ENDS:
+                seen = (slot[None, :] < stops[:, None]) & (slot < end)[None, :]
+            else:
+                seen = tl.load(keep + r[:, None] * keep_t + slot[None, :] * keep_l,
+                               mask=live[:, None] & (slot < end)[None, :], other=0) != 0
             needed = tl.max(seen.to(tl.int32), axis=0) > 0
             keys = tl.load(k + head * k_h + slot[:, None] * k_l + d[None, :], mask=needed[:, None],
                            other=0.0)
@@ -171,23 +184,25 @@ if triton is not None:
         """`attend_kernel`, one program per (head, row, part), or `attend_rows_kernel`, one per
         (head, part), writing `outs`: the output, or the parts' sums and statistics."""
         heads, rows, dim = query.shape
+        ends = keep.dim() == 1
         strides = (query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-                   value.stride(0), value.stride(1), keep.stride(0), keep.stride(1))
+                   value.stride(0), value.stride(1), keep.stride(0), 0 if ends else keep.stride(1))
         split = parts > 1
         if SHARED_ROWS and rows > 1 and dim >= 16:
             launch(attend_rows_kernel)[(heads, 1, parts)](
                 query, key, value, keep, *outs, rows, key.shape[1], span, scale, *strides,
                 *out_strides, D=dim, R=max(16, triton.next_power_of_2(rows)), BLOCK=BLOCK,
-                SPLIT=split, IEEE=query.dtype == torch.float32)
+                SPLIT=split, IEEE=query.dtype == torch.float32, ENDS=ends)
         else:
             launch(attend_kernel)[(heads, rows, parts)](
                 query, key, value, keep, *outs, key.shape[1], span, scale, *strides,
-                *out_strides, D=dim, BLOCK=BLOCK, SPLIT=split)
+                *out_strides, D=dim, BLOCK=BLOCK, SPLIT=split, ENDS=ends)
 
     @torch.library.triton_op("decodelab::attend", mutates_args=())
     def attend_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   keep: torch.Tensor, scale: float) -> torch.Tensor:
-        """query [H, T, D], key and value [H, L, D], keep [T, L] (bool): out [T, H, D]."""
+        """query [H, T, D], key and value [H, L, D], keep [T, L] (bool) or each row's count of
+        slots seen [T] (an integer dtype): out [T, H, D]."""
         heads, rows, dim = query.shape
         length = key.shape[1]
         parts = splits(length)
@@ -215,36 +230,69 @@ def splits(length: int) -> int:
     return min(MAX_SPLITS, 1 << (length // SPLIT_SPAN - 1).bit_length())
 
 
+def is_ends(mask: torch.Tensor | None) -> bool:
+    """Whether `mask` is `causal_ends`' count of slots each row sees, not a [B, 1, T, L] mask."""
+    return mask is not None and mask.dim() == 1
+
+
+def as_mask(ends: torch.Tensor, length: int) -> torch.Tensor:
+    """The boolean mask [1, 1, T, L] of `ends`: row t keeps the first ends[t] slots."""
+    return (torch.arange(length, device=ends.device) < ends[:, None])[None, None]
+
+
 def serves(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether the kernel takes this pass (else SDPA does)."""
     batch, heads, rows, dim = query.shape
     on_device = query.is_cuda or (INTERPRETED and query.device.type == "cpu")
+    kept = mask is not None and (mask.shape == (rows,) if is_ends(mask) else (
+        mask.dtype == torch.bool and mask.shape[-2:] == (rows, key.shape[2])))
     return (triton is not None and on_device and batch == 1 and rows <= MAX_QUERIES
-            and key.shape[1] == heads and dim & (dim - 1) == 0 and mask is not None
-            and mask.dtype == torch.bool and mask.shape[-2:] == (rows, key.shape[2])
+            and key.shape[1] == heads and dim & (dim - 1) == 0 and kept
             and key.stride(-1) == 1 and query.stride(-1) == 1)
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention interface: query [1, H, T, D], key and value the cache's
-    [1, H, L, D], attention_mask [1, 1, T, L] (True: attend); out [1, T, H, D]."""
+    [1, H, L, D], attention_mask [1, 1, T, L] (True: attend) or `causal_ends`' [T]; out
+    [1, T, H, D]."""
     if dropout or not serves(query, key, attention_mask):
+        if is_ends(attention_mask):
+            attention_mask = as_mask(attention_mask, key.shape[2])
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       scaling=scaling, dropout=dropout, **kwargs)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    out = torch.ops.decodelab.attend(query[0], key[0], value[0], attention_mask[0, 0], float(scale))
+    keep = attention_mask if is_ends(attention_mask) else attention_mask[0, 0]
+    out = torch.ops.decodelab.attend(query[0], key[0], value[0], keep, float(scale))
     return out[None], None
+
+
+def causal_ends(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                attention_mask=None, **kwargs):
+    """transformers' mask interface for `decodelab`: a plain causal pass of one sequence (no
+    padding, no window, the cache from slot 0) gets the count of slots each of its rows sees,
+    q_offset + t + 1, which the kernel compares with a slot's index instead of loading a mask
+    (and Inductor builds no [T, L] mask for it per layer); any other gets SDPA's boolean mask,
+    always built (SDPA itself may skip it for a causal pass, which a static cache's empty slots
+    forbid here)."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    device = kwargs.get("device", "cpu")
+    if (batch_size == 1 and attention_mask is None and kv_offset == 0 and kwargs.get("local_size")
+            is None and mask_function in (None, causal_mask_function)):
+        return torch.arange(1, q_length + 1, device=device) + q_offset
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
+                     mask_function or causal_mask_function, attention_mask, **kwargs)
 
 
 @functools.cache
 def register() -> None:
-    """`decodelab` as an attention implementation, with SDPA's boolean mask always built (SDPA
-    itself may skip it for a causal pass, which a static cache's empty slots forbid here)."""
+    """`decodelab` as an attention implementation, with `causal_ends` as its masks."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, functools.partial(sdpa_mask, allow_is_causal_skip=False))
+    AttentionMaskInterface.register(NAME, causal_ends)
 
 
 def use(model):
