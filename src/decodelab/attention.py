@@ -7,9 +7,12 @@ CUTLASS kernel of about 20 us per gpt2-xl layer on an H100; the math one: a bmm,
 bmm, with the mask built beside them), where the keys and values to read are a few hundred KB.
 `attend` runs one program per (head, query) that attends over only the slots the mask keeps
 (what a hidden slot holds, NaN included, never reaches its sums), with an online softmax in
-float32; a long cache is split into parts, one program each, as in flash-decoding. It serves
-CUDA tensors of batch 1 with a boolean mask and a power-of-two head size; anything else, and
-every pass where Triton is missing, goes to SDPA unchanged. `TRITON_INTERPRET=1` runs the kernel
+float32; a long cache is split into parts, one program each, as in flash-decoding. The mask of a
+plain causal pass is each row's count of slots seen (`causal_ends`, what transformers gets as
+this implementation's mask), which the kernel compares with a slot's index and stops its loop
+at; any other pass's is a boolean [T, L] mask. It serves CUDA tensors of batch 1 with a
+power-of-two head size; anything else, and every pass where Triton is missing, goes to SDPA with
+the boolean mask. `TRITON_INTERPRET=1` runs the kernel
 on the CPU (the tests).
 """
 
