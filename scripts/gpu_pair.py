@@ -48,15 +48,20 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # which Inductor fuses) while it compiles; `reductions+attend`, that with decodelab's attention
 # kernel (the `fused` engine before decodelab.matvec: its GEMVs Inductor's tuned reductions);
 # `linear+attend`, the Linear layout and the attention kernel with Inductor's defaults (its GEMVs
-# cuBLAS's on contiguous rows); and `+attend`, an engine with the attention kernel alone.
+# cuBLAS's on contiguous rows); `+attend`, an engine with the attention kernel alone; and
+# `layered`, `fused` as it was before decodelab.static_cache and attention.causal_ends: over
+# transformers' StaticCache (each layer writes its keys, writes its values and advances its own
+# position) with a boolean [T, L] mask for the attention kernel.
 # On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token
 # (results/reference/cuda-h100/floor-kernels/), `reductions+attend` to 2.86-3.51 ms in three
 # processes (results/reference/cuda-h100/floor-fused/) and `fused` to 2.63 ms beside its 3.17-3.22
 # (results/reference/cuda-h100/floor-matvec/).
 ATTEND = "+attend"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
-    "reductions", "reductions" + ATTEND, "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND)
-FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE, "linear": {}}
+    "reductions", "reductions" + ATTEND, "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND,
+    "layered")
+FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE, "linear": {},
+                                          "layered": fused.COMPILE}
 # Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
 # kernels, reductions apart from pointwise ones; attention, whose kernels may be CUTLASS ones;
 # cuBLAS and CUTLASS GEMM/GEMV kernels; copies and indexing; the rest).
@@ -267,13 +272,13 @@ def floor_engine(model, name: str, max_len: int, cuda: bool):
     if base == "eager":
         return model
     variant = copy.deepcopy(model)
-    if base == "fused":
-        fused.prepare(variant)
+    if base in ("fused", "layered"):
+        fused.prepare(variant, ends=base == "fused")
     elif base in ("reductions", "linear"):
         fused.as_linears(variant)
     if name.endswith(ATTEND):
         attention.use(variant)
-    return graphs.Engine(variant, capture=cuda, max_len=max_len,
+    return graphs.Engine(variant, capture=cuda, max_len=max_len, paired=base != "layered",
                          compile=FLOOR_COMPILE.get(base) if cuda else None)
 
 
@@ -308,7 +313,7 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     cuda = device == "cuda"
     # Off CUDA nothing is compiled: `reductions`, `fused` and `linear` run there as their model's
     # changes.
-    uncompiled = ("eager", "graph", "reductions", "fused", "linear")
+    uncompiled = ("eager", "graph", "reductions", "fused", "linear", "layered")
     for name in names if cuda else [n for n in names if base_engine(n) in uncompiled]:
         engine = floor_engine(model, name, prompt.shape[1] + budget, cuda)
         start = time.perf_counter()
@@ -463,11 +468,12 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # matmuls took over 330 s on an H100 and did not finish there (Inductor's caches keep what it
 # tuned for a later call on the same machine).
 # `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
-# 74 s (gpt2) on an H100; `fused` tunes the kernels around its own: 131-141 s and 56-58 s.
+# 74 s (gpt2) on an H100; `fused` tunes the kernels around its own: 131-141 s and 56-58 s
+# `layered` is given `fused`'s (its warm-up is untimed).
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
-                           "reductions": 240, "fused": 200, "linear": 150},
+                           "reductions": 240, "fused": 200, "linear": 150, "layered": 200},
                "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,
-                        "reductions": 120, "fused": 100, "linear": 60}}
+                        "reductions": 120, "fused": 100, "linear": 60, "layered": 100}}
 
 
 KERNEL_NAME = re.compile(r"""['"]kernel_name['"]: ['"](\w+)['"]""")

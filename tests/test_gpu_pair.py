@@ -63,7 +63,7 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     df = pd.read_csv(tmp_path / "stats/bandwidth.csv")
     # nothing compiled off CUDA; no Triton there, so `+attend` runs SDPA as its fallback
     assert set(df.engine) == {"eager", "graph", "reductions", "fused", "reductions+attend",
-                              "graph+attend", "linear+attend"}
+                              "graph+attend", "linear+attend", "layered"}
     assert (df.diverges_from_eager_at == -1).all()  # float32: every engine's greedy tokens agree
     assert df.eager_margin_there.isna().all()  # so no margin where they part
     assert df.groupby("engine").size().eq(3).all()
@@ -81,6 +81,21 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     assert (df.matmul_kernels > 0).all() and (df.attention_kernels > 0).all()
     entry = r"aten::\w+ x\d+(?:\.\d+)? -?\d+\.\d us"
     assert df.top.str.fullmatch(rf"{entry}(?:; {entry}){{{gpu_pair().TOP_KERNELS - 1}}}").all()
+
+
+def test_layered_is_fused_over_transformers_cache_and_a_boolean_mask():
+    from transformers.cache_utils import StaticLayer
+
+    from decodelab import attention, static_cache
+
+    model = tiny_gpt2()
+    engines = {name: gpu_pair().floor_engine(model, name, 40, False)
+               for name in ("fused", "layered")}
+    assert model.config._attn_implementation != attention.NAME  # each engine has its own copy
+    assert engines["fused"].model.config._attn_implementation == attention.NAME
+    assert engines["layered"].model.config._attn_implementation == attention.MASKED
+    assert type(engines["fused"].cache.layers[0]) is static_cache.PairedLayer
+    assert type(engines["layered"].cache.layers[0]) is StaticLayer
 
 
 @pytest.mark.parametrize("name, kind", [

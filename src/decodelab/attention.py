@@ -31,6 +31,7 @@ except ImportError:  # the CPU wheel has no Triton: every pass goes to SDPA
     triton = None
 
 NAME = "decodelab"
+MASKED = "decodelab_masked"  # the same, always given a boolean mask (an ablation of causal_ends)
 BLOCK = 128  # slots per loop iteration (faster than 64 in 14 of the 16 shapes timed on an H100)
 MAX_QUERIES = 16  # longer queries (a prompt's pass) go to SDPA
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once too
@@ -290,16 +291,20 @@ def causal_ends(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
 
 @functools.cache
 def register() -> None:
-    """`decodelab` as an attention implementation, with `causal_ends` as its masks."""
+    """`decodelab` as an attention implementation, with `causal_ends` as its masks, and
+    `decodelab_masked`, with SDPA's boolean mask always built."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, causal_ends)
+    for name, mask in ((NAME, causal_ends),
+                       (MASKED, functools.partial(sdpa_mask, allow_is_causal_skip=False))):
+        AttentionInterface.register(name, attention)
+        AttentionMaskInterface.register(name, mask)
 
 
-def use(model):
-    """`model` (in place) with its attention on `attention`."""
+def use(model, ends: bool = True):
+    """`model` (in place) with its attention on `attention`; without `ends`, every pass's mask a
+    boolean [T, L] one."""
     register()
-    model.set_attn_implementation(NAME)
+    model.set_attn_implementation(NAME if ends else MASKED)
     return model

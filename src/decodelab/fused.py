@@ -78,7 +78,7 @@ def as_linears(model, kernel: bool = False):
     return model
 
 
-def prepare(model, kernel: bool = True):
-    """`model` in the Linear layout with decodelab's attention and (with `kernel`) its one-row
-    products on the matvec kernel, in place."""
-    return attention.use(as_linears(model, kernel))
+def prepare(model, kernel: bool = True, ends: bool = True):
+    """`model` in the Linear layout with decodelab's attention (`attention.use`'s `ends`) and
+    (with `kernel`) its one-row products on the matvec kernel, in place."""
+    return attention.use(as_linears(model, kernel), ends)

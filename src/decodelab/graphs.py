@@ -91,19 +91,20 @@ class Slots:
 
 
 class Engine:
-    """`model` over one static cache of `max_len` tokens (default: its positions), replaying a
-    CUDA graph per (input length, logits kept) once `capture` has recorded it."""
+    """`model` over one static cache of `max_len` tokens (default: its positions; without
+    `paired`, transformers' own StaticCache), replaying a CUDA graph per (input length, logits
+    kept) once `capture` has recorded it."""
 
     def __init__(self, model, capture: bool = True, max_len: int | None = None,
                  compile: dict | None = None, pipelined: bool = False,
-                 fuse_verdict: bool = False):
+                 fuse_verdict: bool = False, paired: bool = True):
         if capture and model.device.type != "cuda":
             raise DecodelabError(f"CUDA graphs need a CUDA device; {model.name_or_path!r} is on "
                                  f"{model.device.type}")
         self.model = model
         self.capture = capture
         self.max_len = max_len or model.config.get_text_config().max_position_embeddings
-        self.cache = static_cache.new(model.config, self.max_len)
+        self.cache = static_cache.new(model.config, self.max_len, paired)
         self.recorder = Recorder(capture)
         self.between = Recorder(capture)  # device work between passes, in a pool of its own
         self.slots: Slots | None = None
