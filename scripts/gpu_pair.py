@@ -468,7 +468,7 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # matmuls took over 330 s on an H100 and did not finish there (Inductor's caches keep what it
 # tuned for a later call on the same machine).
 # `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
-# 74 s (gpt2) on an H100; `fused` tunes the kernels around its own: 131-141 s and 56-58 s
+# 74 s (gpt2) on an H100; `fused` tunes the kernels around its own: 131-141 s and 56-58 s.
 # `layered` is given `fused`'s (its warm-up is untimed).
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
                            "reductions": 240, "fused": 200, "linear": 150, "layered": 200},

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, StaticCache
 
 from decodelab import static_cache
 from decodelab.decode import cache_kwarg
+from decodelab.errors import DecodelabError
 
 LAYERS = 3
 
@@ -92,3 +93,9 @@ def test_a_sliding_window_model_keeps_transformers_cache():
     config.sliding_window = 8
     cache = static_cache.new(config, 32)
     assert not any(isinstance(layer, static_cache.PairedLayer) for layer in cache.layers)
+
+
+def test_keys_and_values_of_different_head_sizes_are_refused_by_name():
+    cache = static_cache.new(GPT2Config(n_layer=1, n_embd=32, n_head=2), 8)
+    with pytest.raises(DecodelabError, match="head sizes 16 and 8"):
+        cache.update(torch.zeros(1, 2, 1, 16), torch.zeros(1, 2, 1, 8), 0)

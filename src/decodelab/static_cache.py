@@ -16,6 +16,8 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
+from .errors import DecodelabError
+
 
 class PairedLayer(StaticLayer):
     """A `StaticLayer` whose keys and values are `pair[0]` and `pair[1]`, at the position of
@@ -28,7 +30,10 @@ class PairedLayer(StaticLayer):
 
     def lazy_initialization(self, key_states, value_states):
         if key_states.shape[-1] != value_states.shape[-1] or key_states.dtype != value_states.dtype:
-            raise ValueError("a paired cache needs keys and values of one head size and dtype")
+            raise DecodelabError(
+                f"the graph engine's cache holds keys and values in one buffer; this model's "
+                f"differ (head sizes {key_states.shape[-1]} and {value_states.shape[-1]}, "
+                f"{key_states.dtype} and {value_states.dtype}): run it with engine 'eager'")
         self.device = key_states.device
         self.batch_size, self.num_heads, _, self.k_head_dim = key_states.shape
         self.v_head_dim = self.k_head_dim
