@@ -132,6 +132,17 @@ def test_a_plain_causal_pass_gets_each_rows_count_of_slots_and_any_other_a_mask(
     assert window[0, 0, 2].sum() == 4  # the window's mask, not the plain causal one
 
 
+def test_the_boolean_mask_is_built_where_transformers_lets_sdpa_skip_it():
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    args = dict(batch_size=1, q_length=4, kv_length=4, q_offset=0, kv_offset=0,
+                mask_function=causal_mask_function, attention_mask=None,
+                allow_is_causal_skip=True, device="cpu")
+    assert sdpa_mask(**args) is None  # the control: SDPA's own skip
+    mask = attention.boolean_mask(**args)
+    torch.testing.assert_close(mask[0, 0], torch.ones(4, 4, dtype=torch.bool).tril())
+
+
 def tiny_model():
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(sources.preset_config("gpt2-tiny"))
@@ -199,7 +210,7 @@ def test_the_kernels_run_under_tritons_interpreter():
                          cwd=ROOT, env=kernel_tools_env(True), capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
-    assert "71 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
+    assert "72 passed" in run.stdout and "Triton interpreter" not in run.stdout, run.stdout[-3000:]
 
 
 @needs_kernel_tools

@@ -270,34 +270,39 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     return out[None], None
 
 
+def boolean_mask(*args, **kwargs):
+    """SDPA's boolean mask, always built: SDPA may skip it for a causal pass (transformers asks
+    it to where it can), which a static cache's empty slots forbid here. (A partial binding
+    `allow_is_causal_skip=False` would not do: transformers' own keyword overrides it.)"""
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs | {"allow_is_causal_skip": False})
+
+
 def causal_ends(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                 attention_mask=None, **kwargs):
     """transformers' mask interface for `decodelab`: a plain causal pass of one sequence (no
     padding, no window, the cache from slot 0) gets the count of slots each of its rows sees,
     q_offset + t + 1, which the kernel compares with a slot's index instead of loading a mask
-    (and Inductor builds no [T, L] mask for it per layer); any other gets SDPA's boolean mask,
-    always built (SDPA itself may skip it for a causal pass, which a static cache's empty slots
-    forbid here)."""
-    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    (whether Inductor then drops the per-layer mask kernel it launched before has not been seen
+    on a GPU); any other gets `boolean_mask`."""
+    from transformers.masking_utils import causal_mask_function
 
-    device = kwargs.get("device", "cpu")
     if (batch_size == 1 and attention_mask is None and kv_offset == 0 and kwargs.get("local_size")
             is None and mask_function in (None, causal_mask_function)):
-        return torch.arange(1, q_length + 1, device=device) + q_offset
-    kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
-                     mask_function or causal_mask_function, attention_mask, **kwargs)
+        return torch.arange(1, q_length + 1, device=kwargs.get("device", "cpu")) + q_offset
+    return boolean_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
+                        mask_function or causal_mask_function, attention_mask, **kwargs)
 
 
 @functools.cache
 def register() -> None:
     """`decodelab` as an attention implementation, with `causal_ends` as its masks, and
-    `decodelab_masked`, with SDPA's boolean mask always built."""
+    `decodelab_masked`, with `boolean_mask`."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
-    for name, mask in ((NAME, causal_ends),
-                       (MASKED, functools.partial(sdpa_mask, allow_is_causal_skip=False))):
+    for name, mask in ((NAME, causal_ends), (MASKED, boolean_mask)):
         AttentionInterface.register(name, attention)
         AttentionMaskInterface.register(name, mask)
 
