@@ -146,9 +146,7 @@ class Engine:
         return static_cache.positions(self.cache)
 
     def move_back(self, n: int) -> None:
-        """The write position of every layer n tokens back: one device op, no host sync."""
-        if n > 0 and self.cache.is_initialized:
-            torch._foreach_sub_(self.counters(), n)
+        static_cache.move_back(self.cache, n)
 
     def new_cache(self) -> Slots:
         """The one static cache, emptied: its buffers' addresses are in the captured graphs.

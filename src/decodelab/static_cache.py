@@ -63,8 +63,12 @@ class PairedLayer(StaticLayer):
         return self.pair[0], self.pair[1]
 
     def crop(self, tokens_to_remove: int) -> None:
-        if self.advances:  # the position is shared: move it once
-            super().crop(tokens_to_remove)
+        """`tokens_to_remove` (negative, as transformers' `StaticLayer.crop`, which some
+        transformers 5 releases lack) off the shared position, once."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of tokens, not {tokens_to_remove}")
+        if self.advances and self.is_initialized:
+            self.cumulative_length.sub_(-tokens_to_remove)
 
 
 def new(config, max_len: int, paired: bool = True) -> StaticCache:
@@ -83,3 +87,9 @@ def positions(cache: StaticCache) -> list[torch.Tensor]:
     """The cache's write positions on the device, each once (a paired cache has one)."""
     found = {id(layer.cumulative_length): layer.cumulative_length for layer in cache.layers}
     return list(found.values())
+
+
+def move_back(cache: StaticCache, n: int) -> None:
+    """Every layer's write position n tokens back: one device op, no host sync."""
+    if n > 0 and cache.is_initialized:
+        torch._foreach_sub_(positions(cache), n)
