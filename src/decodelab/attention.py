@@ -284,8 +284,8 @@ def causal_ends(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     """transformers' mask interface for `decodelab`: a plain causal pass of one sequence (no
     padding, no window, the cache from slot 0) gets the count of slots each of its rows sees,
     q_offset + t + 1, which the kernel compares with a slot's index instead of loading a mask
-    (whether Inductor then drops the per-layer mask kernel it launched before has not been seen
-    on a GPU); any other gets `boolean_mask`."""
+    (on an H100 Inductor then dropped the per-layer mask kernel it launched before); any other
+    gets `boolean_mask`."""
     from transformers.masking_utils import causal_mask_function
 
     if (batch_size == 1 and attention_mask is None and kv_offset == 0 and kwargs.get("local_size")
