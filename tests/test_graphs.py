@@ -50,6 +50,15 @@ def test_static_autoregressive_equals_eager(pair):
     assert decode(static(target), ids, 40).tokens == decode(target, ids, 40).tokens
 
 
+@pytest.mark.parametrize("budget", [1, 48])
+def test_fused_models_speculate_as_eager(pair, budget):
+    """`fused`'s models (their products MatvecLinear, matmuls off a GPU) behind the uncaptured
+    engine. A round with one token left proposes none and reads the draft's vocabulary from its
+    LM head: on an H100 a MatvecLinear head raised AttributeError there."""
+    ours = [static(fused.prepare(copy.deepcopy(m))) for m in pair]
+    assert generate(*ours, PROMPT, budget, 4).tokens == generate(*pair, PROMPT, budget, 4).tokens
+
+
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_static_greedy_speculative_equals_eager(pair, k):
     target, draft = pair

@@ -45,11 +45,13 @@ class LinearConv1D(torch.nn.Module):
 
 class MatvecLinear(torch.nn.Module):
     """act(x weight^T + bias) (weight [out, in], `act` None or one the kernel `fuses`), one row on
-    decodelab's matvec kernel (`matvec.linear`)."""
+    decodelab's matvec kernel (`matvec.linear`). Its sizes are named as a Linear's, which callers
+    read from a model's LM head."""
 
     def __init__(self, weight, bias, act=None):
         super().__init__()
         self.weight, self.bias, self.act = weight, bias, act
+        self.out_features, self.in_features = weight.shape
 
     def forward(self, x):
         return matvec.linear(x, self.weight, self.bias, self.act)

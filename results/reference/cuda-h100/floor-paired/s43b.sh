@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# s43's second call: the cache and graph-engine tests, gpt2-xl on `fused` in a second process
-# (Inductor's caches warm from the first), then `layered` (the engine before static_cache and
-# causal_ends) in what is left.
+# s43's second call: gpt2-xl on `fused`, the cache and graph-engine tests, then `layered` (the
+# engine before static_cache and causal_ends) in what is left.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 END=$((SECONDS + ${1:-500}))
 cp .gpu/commit $OUT/commit.txt
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" | tee $OUT/versions.txt
-timeout ${TESTS_S:-260} python3 -m pytest tests/test_static_cache.py tests/test_graphs.py --noconftest -p no:cacheprovider -q -rs -k "static_cache or (fused and not refused)" --durations=5 > $OUT/tests.txt 2>&1; echo "exit $?" >> $OUT/tests.txt
-tail -3 $OUT/tests.txt
+nvidia-smi --query-gpu=name,serial,clocks.max.memory,clocks.max.sm --format=csv >> $OUT/versions.txt 2>&1
 floor() {  # engine, folder, seconds
   mkdir -p $OUT/$2
   timeout $3 python3 scripts/gpu_pair.py --deadline $(($3 - 5)) --out $OUT/$2 --parts bandwidth \
     --floor-engines $1 2>&1 | grep -v USDT | tee $OUT/$2/run.log | grep "ms/token\|warm-up\|Error\|error" | cut -c1-300
 }
-for e in fused layered; do
-  LEFT=$((END - SECONDS - 3)); [ $LEFT -gt 60 ] && floor $e $e $((LEFT < 230 ? LEFT : 230))
-done
+floor fused fused 230
+timeout ${TESTS_S:-260} python3 -m pytest tests/test_static_cache.py tests/test_graphs.py --noconftest -p no:cacheprovider -q -rs -k "static_cache or (fused and not refused)" --durations=5 > $OUT/tests.txt 2>&1; echo "exit $?" >> $OUT/tests.txt
+tail -3 $OUT/tests.txt
+LEFT=$((END - SECONDS - 3)); [ $LEFT -gt 60 ] && floor layered layered $((LEFT < 230 ? LEFT : 230))
