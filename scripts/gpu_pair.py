@@ -55,7 +55,8 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token
 # (results/reference/cuda-h100/floor-kernels/), `reductions+attend` to 2.86-3.51 ms in three
 # processes (results/reference/cuda-h100/floor-fused/) and `fused` to 2.63 ms beside its 3.17-3.22
-# (results/reference/cuda-h100/floor-matvec/).
+# (results/reference/cuda-h100/floor-matvec/); with the paired cache and per-row slot counts to
+# 2.39 ms beside `layered`'s 2.63 on one card (results/reference/cuda-h100/floor-paired/).
 ATTEND = "+attend"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
     "reductions", "reductions" + ATTEND, "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND,
@@ -469,7 +470,7 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # tuned for a later call on the same machine).
 # `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
 # 74 s (gpt2) on an H100; `fused` tunes the kernels around its own: 131-141 s and 56-58 s.
-# `layered` is given `fused`'s (its warm-up is untimed).
+# `layered`'s warm-up took 128 s on an H100 (gpt2-xl), `fused`'s 138-176 s there in s43.
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
                            "reductions": 240, "fused": 200, "linear": 150, "layered": 200},
                "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,
