@@ -64,6 +64,8 @@ def test_its_layers_share_one_position_and_write_once(model):
     assert ops.names.count("add_.Tensor") == 1  # the one position, by the last layer
     cache.crop(-2)  # transformers' interface, moving the shared position once
     assert static_cache.positions(cache)[0].item() == 2
+    with pytest.raises(ValueError, match="negative"):
+        cache.crop(2)
 
 
 def test_transformers_cache_writes_and_advances_per_layer(model):
