@@ -51,7 +51,14 @@ class MatvecLinear(torch.nn.Module):
     def __init__(self, weight, bias, act=None):
         super().__init__()
         self.weight, self.bias, self.act = weight, bias, act
-        self.out_features, self.in_features = weight.shape
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
 
     def forward(self, x):
         return matvec.linear(x, self.weight, self.bias, self.act)
