@@ -47,6 +47,20 @@ def sdpa(q, k, v, mask, scale):
     return out.transpose(1, 2)
 
 
+def rows_together(monkeypatch, shared: bool):
+    """A pass's rows in one program per head (`attend_rows_kernel`) at any length, or never."""
+    monkeypatch.setattr(attention, "SHARED_ROWS", shared)
+    monkeypatch.setattr(attention, "SHARED_MASKED_FROM", 0)
+
+
+def test_rows_go_together_where_they_were_faster_on_a_gpu():
+    assert attention.shares_rows(5, 64, 288, ends=True)
+    assert not attention.shares_rows(1, 64, 16384, ends=True)  # a step: one row
+    assert not attention.shares_rows(5, 8, 288, ends=True)  # tl.dot needs 16 columns
+    assert not attention.shares_rows(5, 64, 288, ends=False)  # a short boolean mask
+    assert attention.shares_rows(5, 64, attention.SHARED_MASKED_FROM, ends=False)
+
+
 CASES = [(1, 288, [33]), (1, 150, [150]), (2, 64, [1, 64]), (4, 300, [70, 71, 72, 73]),
          (3, 200, [64, 128, 129]), (16, 40, list(range(25, 41))),
          # split into parts merged by a second kernel; parts the mask hides whole, or past the end
@@ -59,7 +73,7 @@ CASES = [(1, 288, [33]), (1, 150, [150]), (2, 64, [1, 64]), (4, 300, [70, 71, 72
     case + (True,) for case in CASES if case[0] > 1])  # rows together: SHARED_ROWS
 def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, length, seen, shared,
                                                                         ends, monkeypatch):
-    monkeypatch.setattr(attention, "SHARED_ROWS", shared)
+    rows_together(monkeypatch, shared)
     q, k, v, mask = inputs(rows, length, seen)
     assert attention.serves(q, k, kept(mask, seen, ends))
     out, weights = attention.attention(None, q, k, v, kept(mask, seen, ends), scaling=0.125)
@@ -73,7 +87,7 @@ def test_the_kernel_attends_over_the_slots_the_mask_keeps_as_sdpa_does(rows, len
 @pytest.mark.parametrize("length,seen", [(200, [10, 130]), (1500, [10, 1300])])
 def test_what_a_slot_the_mask_hides_holds_never_reaches_the_kernels_output(length, seen, shared,
                                                                            ends, monkeypatch):
-    monkeypatch.setattr(attention, "SHARED_ROWS", shared)
+    rows_together(monkeypatch, shared)
     q, k, v, mask = inputs(2, length, seen)
     hidden = ~mask[0, 0].any(0)
     k[:, :, hidden], v[:, :, hidden] = float("nan"), float("nan")  # stale slots past a rollback
@@ -91,7 +105,7 @@ def test_what_a_slot_the_mask_hides_holds_never_reaches_the_kernels_output(lengt
 def test_the_kernel_is_checked_by_a_case_it_must_fail(rows, length, seen, shared, ends,
                                                       monkeypatch):
     """Negative control: the same comparison tells a mask shifted by one slot apart."""
-    monkeypatch.setattr(attention, "SHARED_ROWS", shared)
+    rows_together(monkeypatch, shared)
     q, k, v, mask = inputs(rows, length, seen)
     out, _ = attention.attention(None, q, k, v, kept(mask, seen, ends))
     shifted = torch.roll(mask, 1, dims=-1)

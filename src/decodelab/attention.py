@@ -45,9 +45,13 @@ SPLIT_SPAN = 128
 MAX_SPLITS = 32
 # A verification's K + 1 rows in one program per head (`attend_rows_kernel`), which reads each
 # block of keys and values once for all of them, instead of one program per row, each reading
-# them again (on an H100 5 rows took 96-141 us at 16K slots against 32-46 for one). Off until
-# it has been timed on a GPU.
-SHARED_ROWS = False
+# them again. On an H100 (gpt2-xl's heads, float16, 5 and 9 rows, inside CUDA graphs;
+# results/reference/cuda-h100/floor-paired/call3/) it was faster at every length where the rows
+# come as slot counts (5 rows, 16K slots: 44 against 113 us; 288 slots: 6.2 against 7.0), and
+# with a boolean mask from SHARED_MASKED_FROM slots on (16K: 69 against 120 us); below that the
+# mask's [16, BLOCK] loads cost more than they save (288 slots: 12.3 against 7.7 us).
+SHARED_ROWS = True
+SHARED_MASKED_FROM = 4096
 
 
 if triton is not None:
@@ -192,7 +196,7 @@ if triton is not None:
         strides = (query.stride(0), query.stride(1), key.stride(0), key.stride(1),
                    value.stride(0), value.stride(1), keep.stride(0), 0 if ends else keep.stride(1))
         split = parts > 1
-        if SHARED_ROWS and rows > 1 and dim >= 16:
+        if shares_rows(rows, dim, key.shape[1], ends):
             launch(attend_rows_kernel)[(heads, 1, parts)](
                 query, key, value, keep, *outs, rows, key.shape[1], span, scale, *strides,
                 *out_strides, D=dim, R=max(16, triton.next_power_of_2(rows)), BLOCK=BLOCK,
@@ -225,6 +229,12 @@ if triton is not None:
             acc, best, total, out, acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0),
             best.stride(1), out.stride(0), out.stride(1), D=dim, PARTS=parts)
         return out
+
+
+def shares_rows(rows: int, dim: int, length: int, ends: bool) -> bool:
+    """Whether a pass's rows go to `attend_rows_kernel` together (SHARED_ROWS)."""
+    return (SHARED_ROWS and rows > 1 and dim >= 16
+            and (ends or length >= SHARED_MASKED_FROM))
 
 
 def splits(length: int) -> int:
