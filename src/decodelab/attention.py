@@ -48,8 +48,9 @@ MAX_SPLITS = 32
 # them again. On an H100 (gpt2-xl's heads, float16, 5 and 9 rows, inside CUDA graphs;
 # results/reference/cuda-h100/floor-paired/call3/) it was faster at every length where the rows
 # come as slot counts (5 rows, 16K slots: 44 against 113 us; 288 slots: 6.2 against 7.0), and
-# with a boolean mask from SHARED_MASKED_FROM slots on (16K: 69 against 120 us); below that the
-# mask's [16, BLOCK] loads cost more than they save (288 slots: 12.3 against 7.7 us).
+# with a boolean mask from SHARED_MASKED_FROM slots on it was faster or even (16K: 69 against
+# 120 us; 4K, half in use: 28.7 against 28.5); below that the mask's [16, BLOCK] loads can cost
+# more than they save (288 slots: 12.3 against 7.7 us).
 SHARED_ROWS = True
 SHARED_MASKED_FROM = 4096
 
@@ -192,18 +193,19 @@ if triton is not None:
         """`attend_kernel`, one program per (head, row, part), or `attend_rows_kernel`, one per
         (head, part), writing `outs`: the output, or the parts' sums and statistics."""
         heads, rows, dim = query.shape
+        length = key.shape[1]
         ends = keep.dim() == 1
         strides = (query.stride(0), query.stride(1), key.stride(0), key.stride(1),
                    value.stride(0), value.stride(1), keep.stride(0), 0 if ends else keep.stride(1))
         split = parts > 1
-        if shares_rows(rows, dim, key.shape[1], ends):
+        if shares_rows(rows, dim, length, ends):
             launch(attend_rows_kernel)[(heads, 1, parts)](
-                query, key, value, keep, *outs, rows, key.shape[1], span, scale, *strides,
+                query, key, value, keep, *outs, rows, length, span, scale, *strides,
                 *out_strides, D=dim, R=max(16, triton.next_power_of_2(rows)), BLOCK=BLOCK,
                 SPLIT=split, IEEE=query.dtype == torch.float32, ENDS=ends)
         else:
             launch(attend_kernel)[(heads, rows, parts)](
-                query, key, value, keep, *outs, key.shape[1], span, scale, *strides,
+                query, key, value, keep, *outs, length, span, scale, *strides,
                 *out_strides, D=dim, BLOCK=BLOCK, SPLIT=split, ENDS=ends)
 
     @torch.library.triton_op("decodelab::attend", mutates_args=())
