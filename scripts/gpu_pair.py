@@ -58,9 +58,12 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # (results/reference/cuda-h100/floor-matvec/); with the paired cache and per-row slot counts to
 # 2.39 ms beside `layered`'s 2.63 on one card (results/reference/cuda-h100/floor-paired/).
 ATTEND = "+attend"
+# Inductor's deterministic mode: no reduction tuned in the process (its block sizes and warps fix
+# the order of a sum, and tuning picked them anew in each process), only what leaves numerics be.
+DETERMINISTIC = "-deterministic"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
     "reductions", "reductions" + ATTEND, "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND,
-    "layered")
+    "layered", "fused" + DETERMINISTIC)
 FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE, "linear": {},
                                           "layered": fused.COMPILE}
 # Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
@@ -263,7 +266,13 @@ def divergence(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def base_engine(name: str) -> str:
-    return name.removesuffix(ATTEND)
+    return name.removesuffix(ATTEND).removesuffix(DETERMINISTIC)
+
+
+def compile_options(name: str) -> dict | None:
+    """Inductor's options for floor engine `name` (None: not compiled)."""
+    options = FLOOR_COMPILE.get(base_engine(name))
+    return options | {"deterministic": True} if name.endswith(DETERMINISTIC) else options
 
 
 def floor_engine(model, name: str, max_len: int, cuda: bool):
@@ -280,7 +289,7 @@ def floor_engine(model, name: str, max_len: int, cuda: bool):
     if name.endswith(ATTEND):
         attention.use(variant)
     return graphs.Engine(variant, capture=cuda, max_len=max_len, paired=base != "layered",
-                         compile=FLOOR_COMPILE.get(base) if cuda else None)
+                         compile=compile_options(name) if cuda else None)
 
 
 def parting(model, prompt: torch.Tensor, tokens: list[int], eager: list[int]):
@@ -472,9 +481,11 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # 74 s (gpt2) on an H100; `fused` tunes the kernels around its own: 131-141 s and 56-58 s.
 # `layered`'s warm-up took 128 s on an H100 (gpt2-xl), `fused`'s 138-176 s there in s43.
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
-                           "reductions": 240, "fused": 200, "linear": 150, "layered": 200},
+                           "reductions": 240, "fused": 200, "linear": 150, "layered": 200,
+                           "fused" + DETERMINISTIC: 120},
                "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,
-                        "reductions": 120, "fused": 100, "linear": 60, "layered": 100}}
+                        "reductions": 120, "fused": 100, "linear": 60, "layered": 100,
+                        "fused" + DETERMINISTIC: 60}}
 
 
 KERNEL_NAME = re.compile(r"""['"]kernel_name['"]: ['"](\w+)['"]""")
@@ -516,7 +527,8 @@ def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
         ("gpt2-xl", torch.float16, 256, "cuda"), ("gpt2", torch.float16, 256, "cuda")]
     for preset, dtype, budget, device in floors:
         for name in names:
-            needs = 10 if smoke else FLOOR_NEEDS[preset][base_engine(name)]
+            seconds = FLOOR_NEEDS[preset]
+            needs = 10 if smoke else seconds.get(name, seconds[base_engine(name)])
             if deadline.allows(f"{preset} {name} against the bandwidth floor", needs):
                 start = time.time()
                 rows += attempt(f"{preset} {name}", failed, bandwidth, preset, dtype, budget, 3,

@@ -63,7 +63,7 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     df = pd.read_csv(tmp_path / "stats/bandwidth.csv")
     # nothing compiled off CUDA; no Triton there, so `+attend` runs SDPA as its fallback
     assert set(df.engine) == {"eager", "graph", "reductions", "fused", "reductions+attend",
-                              "graph+attend", "linear+attend", "layered"}
+                              "graph+attend", "linear+attend", "layered", "fused-deterministic"}
     assert (df.diverges_from_eager_at == -1).all()  # float32: every engine's greedy tokens agree
     assert df.eager_margin_there.isna().all()  # so no margin where they part
     assert df.groupby("engine").size().eq(3).all()
@@ -203,3 +203,10 @@ def test_tuned_configurations_are_read_with_their_kernels_names(tmp_path):
     assert set(rows) == {"triton_red_fused_mm_1", "triton_per_fused_add_3", "?"}
     assert rows["triton_red_fused_mm_1"]["R0_BLOCK"] == 2048
     assert rows["triton_per_fused_add_3"]["num_warps"] == 2
+
+
+def test_the_deterministic_engine_is_fused_with_no_reduction_tuned_in_the_process():
+    options = gpu_pair().compile_options
+    assert options("fused-deterministic") == options("fused") | {"deterministic": True}
+    assert options("fused")["coordinate_descent_tuning"] and "deterministic" not in options("fused")
+    assert options("eager") is None and gpu_pair().base_engine("fused-deterministic") == "fused"
