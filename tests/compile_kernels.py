@@ -30,9 +30,14 @@ def compile_for_h100(kernel, pointers: dict[str, str], constexprs: dict, floats=
 
 
 def main() -> None:
-    for gelu in (False, True):
-        compile_for_h100(matvec.matvec_kernel, dict.fromkeys(("x", "w", "b", "out"), "*fp16"),
-                         {"BN": matvec.BN, "BK": matvec.BLOCK_K, "BIAS": True, "GELU": gelu})
+    half = dict.fromkeys(("x", "w", "b", "r", "out", "d", "s_out", "g", "beta"), "*fp16")
+    for gelu, residual in ((False, False), (True, False), (False, True)):
+        compile_for_h100(matvec.matvec_kernel, half, {"BN": matvec.BN, "BK": matvec.BLOCK_K,
+                                                      "BIAS": True, "GELU": gelu,
+                                                      "RESIDUAL": residual})
+    for add in (False, True):
+        compile_for_h100(matvec.norm_matvec_kernel, half,
+                         {"BN": matvec.BN, "KP": 2048, "ADD": add, "GELU": add}, floats=("eps",))
     for ends in (False, True):  # a boolean mask, or each row's count of slots seen
         pointers = dict.fromkeys(("q", "k", "v", "out"), "*fp16") | {
             "keep": "*i64" if ends else "*i1", "best_out": "*fp32", "total_out": "*fp32"}

@@ -68,6 +68,45 @@ def test_the_kernel_is_checked_by_a_case_it_must_fail(n, k):
     assert not torch.allclose(out, reference(x, cut, b), rtol=1e-5, atol=1e-5)
 
 
+def norm_inputs(k: int, dtype=torch.float32):
+    g = torch.Generator().manual_seed(k)
+    norm = torch.nn.LayerNorm(k)
+    with torch.no_grad():
+        norm.weight.copy_(1 + torch.randn(k, generator=g) / 10)
+        norm.bias.copy_(torch.randn(k, generator=g) / 10)
+    delta = 3 + torch.randn(1, 1, k, generator=g)  # off zero mean: the norm's centring counts
+    return norm.to(DEVICE, dtype), delta.to(DEVICE, dtype)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k,add,act", [(37, 100, False, None), (300, 1600, True, None),
+                                         (90, 1600, True, NewGELUActivation())])
+def test_the_norm_kernel_adds_normalizes_and_multiplies_as_gpt2s_block(n, k, add, act):
+    x, w, b = inputs(n, k, True)
+    norm, delta = norm_inputs(k)
+    assert matvec.norms(x, norm, w, b)
+    s, out = matvec.norm_linear(x, delta if add else None, norm, w, b, act)
+    want_s = delta + x if add else x
+    assert torch.equal(s, want_s) and (s is x) == (not add)
+    want = reference(norm.double()(want_s.double()), w, b)
+    want = want if act is None else act(want)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    # negative control: the same product without the norm's centring (its bias left as is)
+    uncentred = norm.weight.double() * want_s.double() / want_s.double().pow(2).mean().sqrt()
+    assert not torch.allclose(out.double(), reference(uncentred + norm.bias.double(), w, b),
+                              rtol=1e-3, atol=1e-3)
+
+
+@needs_kernel
+def test_the_kernel_adds_a_residual_to_its_product():
+    x, w, b = inputs(90, 4200, True)
+    r = torch.randn(1, 1, 90, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    out = matvec.linear(x, w, b, residual=r)
+    torch.testing.assert_close(out.double(), reference(x, w, b) + r.double(), rtol=1e-5,
+                               atol=1e-5)
+    assert not torch.allclose(out.double(), reference(x, w, b), rtol=1e-3, atol=1e-3)
+
+
 def test_products_the_kernel_does_not_serve_are_a_matmul():
     x, w, b = inputs(30, 64, True)
     two = torch.cat([x, x], dim=1)
@@ -84,8 +123,9 @@ def test_products_the_kernel_does_not_serve_are_a_matmul():
 @torch.inference_mode()
 def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_by_pass(monkeypatch):
     """fused.prepare(kernel=True): prefill (matmuls), one-token steps (the kernel where it runs:
-    four per layer and the LM head) and a verification's 3 tokens (matmuls) on a static cache.
-    Off a GPU: programs of 16 rows (fewer for the interpreter to run) and a vocabulary of 512."""
+    four per layer, two of them after a layer norm, and the LM head) and a verification's 3
+    tokens (matmuls) on a static cache. Off a GPU: programs of 16 rows (fewer for the
+    interpreter to run) and a vocabulary of 512."""
     served = []
     serves = matvec.serves
     monkeypatch.setattr(matvec, "serves", lambda *a: served.append(serves(*a)) or served[-1])
@@ -99,18 +139,20 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
     assert any(isinstance(m, fused.MatvecLinear) for m in ours.modules())
     mlp = ours.transformer.h[0].mlp  # its GELU in its first product's kernel
     assert isinstance(mlp.act, torch.nn.Identity) and matvec.fuses(mlp.c_fc.act)
+    assert isinstance(mlp.c_fc, fused.NormMatvecLinear)
+    assert type(ours.transformer.h[0]).__name__ == "FoldedGPT2Block"
     assert ours.lm_head.weight is ours.transformer.wte.weight  # still tied
     ids = torch.randint(0, model.config.vocab_size, (1, 30), device=DEVICE)
     engines = [graphs.Engine(m, capture=False, max_len=40) for m in (plain, ours)]
     caches = [e.new_cache() for e in engines]
-    steps = [(0, 20), (20, 1), (21, 3), (24, 1)]
-    for start, n in steps:
-        a, b = (e(ids[:, start:start + n], past_key_values=c).logits.clone()
-                for e, c in zip(engines, caches, strict=True))
+    for start, n in [(0, 20), (20, 1), (21, 3), (24, 1)]:
+        a = engines[0](ids[:, start:start + n], past_key_values=caches[0]).logits.clone()
+        served.clear()
+        b = engines[1](ids[:, start:start + n], past_key_values=caches[1]).logits.clone()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    per_pass = 4 * model.config.n_layer + 1
-    assert served == [False] * per_pass + [KERNEL] * per_pass + [False] * per_pass + [
-        KERNEL] * per_pass
+        # a product the kernel does not serve after a norm asks again as a plain one
+        assert served == [KERNEL] * (4 * model.config.n_layer + 1) if n == 1 and KERNEL else (
+            not any(served) and len(served) == 6 * model.config.n_layer + 1)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
