@@ -527,7 +527,7 @@ def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
         ("gpt2-xl", torch.float16, 256, "cuda"), ("gpt2", torch.float16, 256, "cuda")]
     for preset, dtype, budget, device in floors:
         for name in names:
-            seconds = FLOOR_NEEDS[preset]
+            seconds = {} if smoke else FLOOR_NEEDS[preset]
             needs = 10 if smoke else seconds.get(name, seconds[base_engine(name)])
             if deadline.allows(f"{preset} {name} against the bandwidth floor", needs):
                 start = time.time()

@@ -10,7 +10,7 @@ cp .gpu/commit $OUT/commit.txt
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" | tee $OUT/versions.txt
 nvidia-smi --query-gpu=name,serial,clocks.max.memory,clocks.max.sm,memory.total --format=csv >> $OUT/versions.txt 2>&1
 mkdir -p $OUT/fused
-timeout 230 python3 scripts/gpu_pair.py --deadline 225 --out $OUT/fused --parts bandwidth \
+timeout 222 python3 scripts/gpu_pair.py --deadline 217 --out $OUT/fused --parts bandwidth \
   --floor-engines fused 2>&1 | grep -v USDT | tee $OUT/fused/run.log | grep "ms/token\|warm-up\|Error\|error" | cut -c1-300
-timeout 60 python3 -m pytest tests/test_matvec.py --noconftest -p no:cacheprovider -q -rs -p no:logging --durations=3 > $OUT/test_matvec.txt 2>&1; echo "exit $?" >> $OUT/test_matvec.txt
+timeout 50 python3 -m pytest tests/test_matvec.py --noconftest -p no:cacheprovider -q -rs -p no:logging --durations=3 > $OUT/test_matvec.txt 2>&1; echo "exit $?" >> $OUT/test_matvec.txt
 tail -4 $OUT/test_matvec.txt
