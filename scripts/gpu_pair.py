@@ -51,21 +51,25 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # cuBLAS's on contiguous rows); `+attend`, an engine with the attention kernel alone; and
 # `layered`, `fused` as it was before decodelab.static_cache and attention.causal_ends: over
 # transformers' StaticCache (each layer writes its keys, writes its values and advances its own
-# position) with a boolean [T, L] mask for the attention kernel.
+# position) with a boolean [T, L] mask for the attention kernel; `fused-deterministic`, `fused`
+# under Inductor's deterministic mode (below); `folded`, `fused` with GPT-2's layer norms and
+# residual adds inside the matvec kernels (fused.fold_norms).
 # On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token
 # (results/reference/cuda-h100/floor-kernels/), `reductions+attend` to 2.86-3.51 ms in three
 # processes (results/reference/cuda-h100/floor-fused/) and `fused` to 2.63 ms beside its 3.17-3.22
 # (results/reference/cuda-h100/floor-matvec/); with the paired cache and per-row slot counts to
-# 2.39 ms beside `layered`'s 2.63 on one card (results/reference/cuda-h100/floor-paired/).
+# 2.39 ms beside `layered`'s 2.63 on one card (results/reference/cuda-h100/floor-paired/). On an
+# H200 `fused` took 2.21 ms, `fused-deterministic` 2.25-2.27 beside it
+# (results/reference/cuda-h200/floor-paired/).
 ATTEND = "+attend"
 # Inductor's deterministic mode: no reduction tuned in the process (its block sizes and warps fix
 # the order of a sum, and tuning picked them anew in each process), only what leaves numerics be.
 DETERMINISTIC = "-deterministic"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
     "reductions", "reductions" + ATTEND, "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND,
-    "layered", "fused" + DETERMINISTIC)
+    "layered", "fused" + DETERMINISTIC, "folded")
 FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE, "linear": {},
-                                          "layered": fused.COMPILE}
+                                          "layered": fused.COMPILE, "folded": fused.COMPILE}
 # Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
 # kernels, reductions apart from pointwise ones; attention, whose kernels may be CUTLASS ones;
 # cuBLAS and CUTLASS GEMM/GEMV kernels; copies and indexing; the rest).
@@ -282,8 +286,8 @@ def floor_engine(model, name: str, max_len: int, cuda: bool):
     if base == "eager":
         return model
     variant = copy.deepcopy(model)
-    if base in ("fused", "layered"):
-        fused.prepare(variant, ends=base == "fused")
+    if base in ("fused", "layered", "folded"):
+        fused.prepare(variant, ends=base != "layered", fold=base == "folded")
     elif base in ("reductions", "linear"):
         fused.as_linears(variant)
     if name.endswith(ATTEND):
@@ -323,7 +327,7 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     cuda = device == "cuda"
     # Off CUDA nothing is compiled: `reductions`, `fused` and `linear` run there as their model's
     # changes.
-    uncompiled = ("eager", "graph", "reductions", "fused", "linear", "layered")
+    uncompiled = ("eager", "graph", "reductions", "fused", "linear", "layered", "folded")
     for name in names if cuda else [n for n in names if base_engine(n) in uncompiled]:
         engine = floor_engine(model, name, prompt.shape[1] + budget, cuda)
         start = time.perf_counter()
@@ -482,10 +486,10 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # `layered`'s warm-up took 128 s on an H100 (gpt2-xl), `fused`'s 138-176 s there in s43.
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
                            "reductions": 240, "fused": 200, "linear": 150, "layered": 200,
-                           "fused" + DETERMINISTIC: 120},
+                           "fused" + DETERMINISTIC: 120, "folded": 200},
                "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,
                         "reductions": 120, "fused": 100, "linear": 60, "layered": 100,
-                        "fused" + DETERMINISTIC: 60}}
+                        "fused" + DETERMINISTIC: 60, "folded": 100}}
 
 
 KERNEL_NAME = re.compile(r"""['"]kernel_name['"]: ['"](\w+)['"]""")

@@ -63,7 +63,8 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     df = pd.read_csv(tmp_path / "stats/bandwidth.csv")
     # nothing compiled off CUDA; no Triton there, so `+attend` runs SDPA as its fallback
     assert set(df.engine) == {"eager", "graph", "reductions", "fused", "reductions+attend",
-                              "graph+attend", "linear+attend", "layered", "fused-deterministic"}
+                              "graph+attend", "linear+attend", "layered", "fused-deterministic",
+                              "folded"}
     assert (df.diverges_from_eager_at == -1).all()  # float32: every engine's greedy tokens agree
     assert df.eager_margin_there.isna().all()  # so no margin where they part
     assert df.groupby("engine").size().eq(3).all()
@@ -83,19 +84,21 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     assert df.top.str.fullmatch(rf"{entry}(?:; {entry}){{{gpu_pair().TOP_KERNELS - 1}}}").all()
 
 
-def test_layered_is_fused_over_transformers_cache_and_a_boolean_mask():
+def test_layered_is_fused_over_transformers_cache_and_a_boolean_mask_and_folded_folds():
     from transformers.cache_utils import StaticLayer
 
     from decodelab import attention, static_cache
 
     model = tiny_gpt2()
     engines = {name: gpu_pair().floor_engine(model, name, 40, False)
-               for name in ("fused", "layered")}
+               for name in ("fused", "layered", "folded")}
     assert model.config._attn_implementation != attention.NAME  # each engine has its own copy
     assert engines["fused"].model.config._attn_implementation == attention.NAME
     assert engines["layered"].model.config._attn_implementation == attention.MASKED
     assert type(engines["fused"].cache.layers[0]) is static_cache.PairedLayer
     assert type(engines["layered"].cache.layers[0]) is StaticLayer
+    blocks = {name: type(e.model.transformer.h[0]).__name__ for name, e in engines.items()}
+    assert blocks == {"fused": "GPT2Block", "layered": "GPT2Block", "folded": "FoldedGPT2Block"}
 
 
 @pytest.mark.parametrize("name, kind", [

@@ -122,10 +122,10 @@ def test_products_the_kernel_does_not_serve_are_a_matmul():
 
 @torch.inference_mode()
 def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_by_pass(monkeypatch):
-    """fused.prepare(kernel=True): prefill (matmuls), one-token steps (the kernel where it runs:
-    four per layer, two of them after a layer norm, and the LM head) and a verification's 3
-    tokens (matmuls) on a static cache. Off a GPU: programs of 16 rows (fewer for the
-    interpreter to run) and a vocabulary of 512."""
+    """fused.prepare(kernel=True, fold=True): prefill (matmuls), one-token steps (the kernel
+    where it runs: four per layer, two of them after a layer norm, and the LM head) and a
+    verification's 3 tokens (matmuls) on a static cache. Off a GPU: programs of 16 rows (fewer
+    for the interpreter to run) and a vocabulary of 512."""
     served = []
     serves = matvec.serves
     monkeypatch.setattr(matvec, "serves", lambda *a: served.append(serves(*a)) or served[-1])
@@ -135,7 +135,7 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
     config = sources.preset_config("gpt2-tiny")
     config.vocab_size = 512
     model = AutoModelForCausalLM.from_config(config).to(DEVICE).eval()
-    plain, ours = (fused.prepare(copy.deepcopy(model), kernel=k) for k in (False, True))
+    plain, ours = (fused.prepare(copy.deepcopy(model), kernel=k, fold=k) for k in (False, True))
     assert any(isinstance(m, fused.MatvecLinear) for m in ours.modules())
     mlp = ours.transformer.h[0].mlp  # its GELU in its first product's kernel
     assert isinstance(mlp.act, torch.nn.Identity) and matvec.fuses(mlp.c_fc.act)

@@ -147,9 +147,10 @@ def as_linears(model, kernel: bool = False):
     return model
 
 
-def prepare(model, kernel: bool = True, ends: bool = True):
+def prepare(model, kernel: bool = True, ends: bool = True, fold: bool = False):
     """`model` in the Linear layout with decodelab's attention (`attention.use`'s `ends`) and
-    (with `kernel`) its one-row products on the matvec kernel, GPT-2's layer norms and residual
-    adds folded into them (`fold_norms`), in place."""
+    (with `kernel`) its one-row products on the matvec kernel, with `fold` GPT-2's layer norms and
+    residual adds folded into them (`fold_norms`; the floor engine `folded`, not yet timed on a
+    GPU), in place."""
     model = as_linears(model, kernel)
-    return attention.use(fold_norms(model) if kernel else model, ends)
+    return attention.use(fold_norms(model) if kernel and fold else model, ends)
