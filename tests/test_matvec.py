@@ -156,11 +156,12 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("fold", [False, True])
 @torch.inference_mode()
-def test_the_compiled_engine_on_it_decodes_the_eager_models_greedy_tokens():
+def test_the_compiled_engine_on_it_decodes_the_eager_models_greedy_tokens(fold):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(sources.preset_config("gpt2-tiny")).cuda().eval()
-    ours = fused.prepare(copy.deepcopy(model), kernel=True)
+    ours = fused.prepare(copy.deepcopy(model), kernel=True, fold=fold)
     engine = graphs.Engine(ours, max_len=128, compile=fused.COMPILE)
     prompt = torch.randint(0, model.config.vocab_size, (1, 16), device="cuda")
     assert decode.decode(engine, prompt, 64).tokens == decode.decode(model, prompt, 64).tokens

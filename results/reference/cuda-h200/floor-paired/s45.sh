@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next call: gpt2-xl on `fused` against the floor (#18's target where the card is an H200) and,
+# s45, call 1 (ran on an H200, call1/): gpt2-xl on `fused` against the floor (#18's target where the card is an H200) and,
 # in the same process, on `fused-deterministic` (no reduction tuned per process: does that cost
 # time, and do its greedy tokens stay with eager's?); then the attention tests and the cache and
 # graph-engine tests with a verification's rows in one program per head as the default
