@@ -6,7 +6,10 @@ in], so a GEMV reads contiguous rows), runs every one-row product on decodelab's
 (`decodelab.matvec`, the MLP's GELU in its first product's kernel) and attention on decodelab's
 one-kernel attention (`decodelab.attention`); Inductor compiles the rest (layer norms, residual
 adds, cache writes) under coordinate-descent tuning (`COMPILE`, as gpt-fast sets it). Passes of
-several rows (a prompt, a verification) stay matmuls.
+several rows (a prompt, a verification) stay matmuls. `fold_norms` moves GPT-2's layer norms and
+residual adds into the matvec kernels as well (on an H200 `fused` missed #18's 3x of the floor by
+36 us per token; the fold removes 96 kernels per gpt2-xl step, results/reference/cuda-h200/
+floor-paired/); until a GPU has timed it, it is an option of `prepare`, not the engine's default.
 
 Before the matvec kernel, the GEMVs were Inductor's tuned reductions (`as_linears` alone: Inductor
 makes a one-row `mm` a reduction only under coordinate descent, and GPT-2's `addmm` on an [in,
