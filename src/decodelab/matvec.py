@@ -159,8 +159,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
            residual: torch.Tensor | None = None) -> torch.Tensor:
     """act(x @ weight.T (+ bias)) (+ residual), `act` None or one the kernel `fuses`: on the
     kernel where it serves, else a matmul, an add and `act`."""
-    if serves(x, weight) and (residual is None or residual.shape[:-1] == x.shape[:-1]
-                              and residual.is_contiguous() and residual.dtype == x.dtype):
+    if serves(x, weight) and (residual is None or residual.dtype == x.dtype
+                              and residual.shape == (*x.shape[:-1], weight.shape[0])
+                              and residual.is_contiguous()):
         return torch.ops.decodelab.matvec(x, weight, bias, act is not None, residual)
     y = torch.matmul(x, weight.t())
     y = y if bias is None else y + bias
