@@ -213,3 +213,15 @@ def test_the_deterministic_engine_is_fused_with_no_reduction_tuned_in_the_proces
     assert options("fused-deterministic") == options("fused") | {"deterministic": True}
     assert options("fused")["coordinate_descent_tuning"] and "deterministic" not in options("fused")
     assert options("eager") is None and gpu_pair().base_engine("fused-deterministic") == "fused"
+
+
+def test_every_floor_engines_compile_options_are_inductor_settings():
+    """A misspelt option fails only where the engine compiles, on a GPU; Inductor's config names
+    them here (the control: a name it does not have)."""
+    import torch._inductor.config as inductor
+
+    options = {key for name in gpu_pair().FLOOR_ENGINES
+               for key in gpu_pair().compile_options(name) or {}}
+    assert "deterministic" in options and "coordinate_descent_tuning" in options
+    assert all(hasattr(inductor, key) for key in options)
+    assert not hasattr(inductor, "deterministic_mode")
