@@ -120,12 +120,14 @@ def test_products_the_kernel_does_not_serve_are_a_matmul():
         assert not matvec.serves(x, w)
 
 
+@pytest.mark.parametrize("fold", [False, True])
 @torch.inference_mode()
-def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_by_pass(monkeypatch):
-    """fused.prepare(kernel=True, fold=True): prefill (matmuls), one-token steps (the kernel
-    where it runs: four per layer, two of them after a layer norm, and the LM head) and a
-    verification's 3 tokens (matmuls) on a static cache. Off a GPU: programs of 16 rows (fewer
-    for the interpreter to run) and a vocabulary of 512."""
+def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_by_pass(
+        fold, monkeypatch):
+    """fused.prepare(kernel=True), its layer norms folded in or not: prefill (matmuls), one-token
+    steps (the kernel where it runs: four per layer and the LM head) and a verification's 3
+    tokens (matmuls) on a static cache. Off a GPU: programs of 16 rows (fewer for the
+    interpreter to run) and a vocabulary of 512."""
     served = []
     serves = matvec.serves
     monkeypatch.setattr(matvec, "serves", lambda *a: served.append(serves(*a)) or served[-1])
@@ -135,12 +137,13 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
     config = sources.preset_config("gpt2-tiny")
     config.vocab_size = 512
     model = AutoModelForCausalLM.from_config(config).to(DEVICE).eval()
-    plain, ours = (fused.prepare(copy.deepcopy(model), kernel=k, fold=k) for k in (False, True))
+    plain = fused.prepare(copy.deepcopy(model), kernel=False)
+    ours = fused.prepare(copy.deepcopy(model), kernel=True, fold=fold)
     assert any(isinstance(m, fused.MatvecLinear) for m in ours.modules())
     mlp = ours.transformer.h[0].mlp  # its GELU in its first product's kernel
     assert isinstance(mlp.act, torch.nn.Identity) and matvec.fuses(mlp.c_fc.act)
-    assert isinstance(mlp.c_fc, fused.NormMatvecLinear)
-    assert type(ours.transformer.h[0]).__name__ == "FoldedGPT2Block"
+    assert isinstance(mlp.c_fc, fused.NormMatvecLinear) == fold
+    assert (type(ours.transformer.h[0]).__name__ == "FoldedGPT2Block") == fold
     assert ours.lm_head.weight is ours.transformer.wte.weight  # still tied
     ids = torch.randint(0, model.config.vocab_size, (1, 30), device=DEVICE)
     engines = [graphs.Engine(m, capture=False, max_len=40) for m in (plain, ours)]
@@ -150,9 +153,10 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
         served.clear()
         b = engines[1](ids[:, start:start + n], past_key_values=caches[1]).logits.clone()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-        # a product the kernel does not serve after a norm asks again as a plain one
-        assert served == [KERNEL] * (4 * model.config.n_layer + 1) if n == 1 and KERNEL else (
-            not any(served) and len(served) == 6 * model.config.n_layer + 1)
+        on_kernel, layers = n == 1 and KERNEL, model.config.n_layer
+        # a folded product the kernel does not serve asks again as a plain one
+        asks = 4 * layers + 1 + (2 * layers if fold and not on_kernel else 0)
+        assert served == [on_kernel] * asks
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")

@@ -148,6 +148,13 @@ def serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.is_contiguous() and weight.is_contiguous() and x.dtype == weight.dtype)
 
 
+def fits(operand: torch.Tensor | None, x: torch.Tensor, shape) -> bool:
+    """Whether a kernel can read `operand` (None: there is none) beside row `x`: `shape`,
+    contiguous, x's type."""
+    return operand is None or (operand.shape == shape and operand.is_contiguous()
+                               and operand.dtype == x.dtype)
+
+
 def fuses(act) -> bool:
     """Whether the kernel computes activation module `act` itself: GPT-2's tanh GELU."""
     from transformers.activations import NewGELUActivation
@@ -159,9 +166,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
            residual: torch.Tensor | None = None) -> torch.Tensor:
     """act(x @ weight.T (+ bias)) (+ residual), `act` None or one the kernel `fuses`: on the
     kernel where it serves, else a matmul, an add and `act`."""
-    if serves(x, weight) and (residual is None or residual.dtype == x.dtype
-                              and residual.shape == (*x.shape[:-1], weight.shape[0])
-                              and residual.is_contiguous()):
+    if serves(x, weight) and fits(residual, x, (*x.shape[:-1], weight.shape[0])):
         return torch.ops.decodelab.matvec(x, weight, bias, act is not None, residual)
     y = torch.matmul(x, weight.t())
     y = y if bias is None else y + bias
@@ -180,8 +185,7 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm, weight: torch
                 bias: torch.Tensor | None, act=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, act(norm(s) @ weight.T + bias)) with s = delta + x (delta None: x), LayerNorm `norm`:
     one kernel where it `norms`, else the add, the norm and `linear`."""
-    if norms(x, norm, weight, bias) and (delta is None or delta.shape == x.shape
-                                         and delta.is_contiguous() and delta.dtype == x.dtype):
+    if norms(x, norm, weight, bias) and fits(delta, x, x.shape):
         args = (norm.weight, norm.bias, norm.eps, weight, bias, act is not None)
         if delta is None:
             return x, torch.ops.decodelab.norm_matvec(x, *args)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# s45, call 1 (ran on an H200, call1/): gpt2-xl on `fused` against the floor (#18's target where the card is an H200) and,
-# in the same process, on `fused-deterministic` (no reduction tuned per process: does that cost
-# time, and do its greedy tokens stay with eager's?); then the attention tests and the cache and
-# graph-engine tests with a verification's rows in one program per head as the default
-# (attention.shares_rows).
+# s45, call 1 (ran on an H200, call1/): gpt2-xl on `fused` against the floor (#18's target
+# where the card is an H200) and, in the same process, on `fused-deterministic` (no reduction
+# tuned per process: does that cost time, and do its greedy tokens stay with eager's?); then the
+# attention tests and the cache and graph-engine tests with a verification's rows in one program
+# per head as the default (attention.shares_rows).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
