@@ -39,12 +39,14 @@ def main() -> None:
         compile_for_h100(matvec.norm_matvec_kernel, half,
                          {"BN": matvec.BN, "KP": 2048, "ADD": add, "GELU": add}, floats=("eps",))
     for ends in (False, True):  # a boolean mask, or each row's count of slots seen
-        pointers = dict.fromkeys(("q", "k", "v", "out"), "*fp16") | {
-            "keep": "*i64" if ends else "*i1", "best_out": "*fp32", "total_out": "*fp32"}
+        pointers = dict.fromkeys(("q", "k", "v", "out", "new_k", "new_v"), "*fp16") | {
+            "keep": "*i64" if ends else "*i1", "best_out": "*fp32", "total_out": "*fp32",
+            "position": "*i64"}
         for split in (False, True):
-            compile_for_h100(attention.attend_kernel, pointers,
-                             {"D": 64, "BLOCK": attention.BLOCK, "SPLIT": split, "ENDS": ends},
-                             floats=("scale",))
+            for write in (False, True) if ends else (False,):  # a token writing its own slot
+                compile_for_h100(attention.attend_kernel, pointers,
+                                 {"D": 64, "BLOCK": attention.BLOCK, "SPLIT": split, "ENDS": ends,
+                                  "WRITE": write}, floats=("scale",))
             compile_for_h100(attention.attend_rows_kernel, pointers,
                              {"D": 64, "R": 16, "BLOCK": attention.BLOCK, "SPLIT": split,
                               "IEEE": False, "ENDS": ends}, floats=("scale",))

@@ -64,7 +64,7 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     # nothing compiled off CUDA; no Triton there, so `+attend` runs SDPA as its fallback
     assert set(df.engine) == {"eager", "graph", "reductions", "fused", "reductions+attend",
                               "graph+attend", "linear+attend", "layered", "fused-deterministic",
-                              "folded"}
+                              "folded", "written"}
     assert (df.diverges_from_eager_at == -1).all()  # float32: every engine's greedy tokens agree
     assert df.eager_margin_there.isna().all()  # so no margin where they part
     assert df.groupby("engine").size().eq(3).all()
@@ -84,21 +84,25 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     assert df.top.str.fullmatch(rf"{entry}(?:; {entry}){{{gpu_pair().TOP_KERNELS - 1}}}").all()
 
 
-def test_layered_is_fused_over_transformers_cache_and_a_boolean_mask_and_folded_folds():
+def test_each_fused_ablation_prepares_its_own_cache_mask_blocks_and_attention():
     from transformers.cache_utils import StaticLayer
 
     from decodelab import attention, static_cache
 
     model = tiny_gpt2()
     engines = {name: gpu_pair().floor_engine(model, name, 40, False)
-               for name in ("fused", "layered", "folded")}
+               for name in ("fused", "layered", "folded", "written")}
     assert model.config._attn_implementation != attention.NAME  # each engine has its own copy
     assert engines["fused"].model.config._attn_implementation == attention.NAME
     assert engines["layered"].model.config._attn_implementation == attention.MASKED
     assert type(engines["fused"].cache.layers[0]) is static_cache.PairedLayer
     assert type(engines["layered"].cache.layers[0]) is StaticLayer
     blocks = {name: type(e.model.transformer.h[0]).__name__ for name, e in engines.items()}
-    assert blocks == {"fused": "GPT2Block", "layered": "GPT2Block", "folded": "FoldedGPT2Block"}
+    assert blocks == {"fused": "GPT2Block", "layered": "GPT2Block", "folded": "FoldedGPT2Block",
+                      "written": "FoldedGPT2Block"}
+    attentions = {name: type(e.model.transformer.h[0].attn).__name__ for name, e in engines.items()}
+    assert attentions == {"fused": "GPT2Attention", "layered": "GPT2Attention",
+                          "folded": "GPT2Attention", "written": "WritingGPT2Attention"}
 
 
 @pytest.mark.parametrize("name, kind", [

@@ -120,17 +120,20 @@ def test_products_the_kernel_does_not_serve_are_a_matmul():
         assert not matvec.serves(x, w)
 
 
-@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("fold,write", [(False, False), (True, False), (True, True)])
 @torch.inference_mode()
 def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_by_pass(
-        fold, monkeypatch):
-    """fused.prepare(kernel=True), its layer norms folded in or not: prefill (matmuls), one-token
-    steps (the kernel where it runs: four per layer and the LM head) and a verification's 3
-    tokens (matmuls) on a static cache. Off a GPU: programs of 16 rows (fewer for the
+        fold, write, monkeypatch):
+    """fused.prepare(kernel=True), its layer norms folded in or not, one-token attention writing
+    its own cache slot or not: prefill (matmuls), one-token steps (the kernel where it runs: four
+    per layer and the LM head) and a verification's 3 tokens (matmuls) on a static cache, which
+    ends up holding the same keys and values. Off a GPU: programs of 16 rows (fewer for the
     interpreter to run) and a vocabulary of 512."""
-    served = []
-    serves = matvec.serves
+    served, written = [], []
+    serves, write_attend = matvec.serves, attention.write_attend
     monkeypatch.setattr(matvec, "serves", lambda *a: served.append(serves(*a)) or served[-1])
+    monkeypatch.setattr(attention, "write_attend",
+                        lambda *a: written.append(a[0].shape) or write_attend(*a))
     if not CUDA:
         monkeypatch.setattr(matvec, "BN", 16)
     torch.manual_seed(0)
@@ -138,34 +141,42 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
     config.vocab_size = 512
     model = AutoModelForCausalLM.from_config(config).to(DEVICE).eval()
     plain = fused.prepare(copy.deepcopy(model), kernel=False)
-    ours = fused.prepare(copy.deepcopy(model), kernel=True, fold=fold)
+    ours = fused.prepare(copy.deepcopy(model), kernel=True, fold=fold, write=write)
     assert any(isinstance(m, fused.MatvecLinear) for m in ours.modules())
     mlp = ours.transformer.h[0].mlp  # its GELU in its first product's kernel
     assert isinstance(mlp.act, torch.nn.Identity) and matvec.fuses(mlp.c_fc.act)
     assert isinstance(mlp.c_fc, fused.NormMatvecLinear) == fold
     assert (type(ours.transformer.h[0]).__name__ == "FoldedGPT2Block") == fold
+    assert (type(ours.transformer.h[0].attn).__name__ == "WritingGPT2Attention") == write
     assert ours.lm_head.weight is ours.transformer.wte.weight  # still tied
     ids = torch.randint(0, model.config.vocab_size, (1, 30), device=DEVICE)
     engines = [graphs.Engine(m, capture=False, max_len=40) for m in (plain, ours)]
     caches = [e.new_cache() for e in engines]
-    for start, n in [(0, 20), (20, 1), (21, 3), (24, 1)]:
+    layers = model.config.n_layer
+    for start, n in [(0, 20), (20, 1), (21, 3), (24, 1), (25, 1)]:
         a = engines[0](ids[:, start:start + n], past_key_values=caches[0]).logits.clone()
         served.clear()
+        written.clear()
         b = engines[1](ids[:, start:start + n], past_key_values=caches[1]).logits.clone()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-        on_kernel, layers = n == 1 and KERNEL, model.config.n_layer
+        on_kernel = n == 1 and KERNEL
         # a folded product the kernel does not serve asks again as a plain one
         asks = 4 * layers + 1 + (2 * layers if fold and not on_kernel else 0)
         assert served == [on_kernel] * asks
+        assert len(written) == (layers if write and on_kernel else 0)
+        for x, y in zip(engines[0].cache.layers, engines[1].cache.layers, strict=True):
+            torch.testing.assert_close(x.pair[..., :start + n, :], y.pair[..., :start + n, :],
+                                       rtol=1e-4, atol=1e-4)
+        assert [e.cache.get_seq_length() for e in engines] == [start + n] * 2
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("fold,write", [(False, False), (True, False), (True, True)])
 @torch.inference_mode()
-def test_the_compiled_engine_on_it_decodes_the_eager_models_greedy_tokens(fold):
+def test_the_compiled_engine_on_it_decodes_the_eager_models_greedy_tokens(fold, write):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(sources.preset_config("gpt2-tiny")).cuda().eval()
-    ours = fused.prepare(copy.deepcopy(model), kernel=True, fold=fold)
+    ours = fused.prepare(copy.deepcopy(model), kernel=True, fold=fold, write=write)
     engine = graphs.Engine(ours, max_len=128, compile=fused.COMPILE)
     prompt = torch.randint(0, model.config.vocab_size, (1, 16), device="cuda")
     assert decode.decode(engine, prompt, 64).tokens == decode.decode(model, prompt, 64).tokens

@@ -58,14 +58,16 @@ SHARED_MASKED_FROM = 4096
 if triton is not None:
 
     @triton.jit
-    def attend_kernel(q, k, v, keep, out, best_out, total_out, length, span, scale, q_h, q_t,
-                      k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h, out_s, stat_t, stat_h,
-                      D: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
-                      ENDS: tl.constexpr):
+    def attend_kernel(q, k, v, keep, out, best_out, total_out, new_k, new_v, position, length,
+                      span, scale, q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h,
+                      out_s, stat_t, stat_h, D: tl.constexpr, BLOCK: tl.constexpr,
+                      SPLIT: tl.constexpr, ENDS: tl.constexpr, WRITE: tl.constexpr):
         """Program (head, row, part) attends over slots [part * span, (part + 1) * span) that
         `keep` keeps: a boolean mask [T, L], or with ENDS each row's count of slots seen [T]. One
         part: the output. Several: each part's unnormalized output, maximum and sum, for
-        `combine_kernel`."""
+        `combine_kernel`. With WRITE (one row), the slot at `position` holds the row's own key
+        and value, `new_k` and `new_v` (head stride q_h): the program whose part holds it
+        attends to them from its registers and writes them into the cache."""
         head = tl.program_id(0)
         row = tl.program_id(1)
         part = tl.program_id(2)
@@ -79,7 +81,11 @@ if triton is not None:
         end = tl.minimum(length, (part + 1) * span)
         if ENDS:  # the loop stops at the row's last slot
             end = tl.minimum(end, tl.load(keep + row * keep_t).to(tl.int32))
-        for start in range(part * span, end, BLOCK):
+        stop = end
+        if WRITE:  # no program reads the new slot from the cache, which one of them writes
+            fresh = tl.load(position).to(tl.int32)
+            stop = tl.minimum(end, fresh)
+        for start in range(part * span, stop, BLOCK):
             slot = start + tl.arange(0, BLOCK)
             # Keys and values load only where the mask keeps a slot: while a static cache
             # fills, most of it is hidden, and a stale slot's NaN never reaches the sums.
@@ -87,9 +93,9 @@ if triton is not None:
             # against 31.9 us at 16K slots half in use, and in gpt2-xl's `fused` decode 11.8 us
             # per layer with blocks of 64 against 5.9 here, in two processes.)
             if ENDS:
-                seen = slot < end
+                seen = slot < stop
             else:
-                seen = tl.load(keep + row * keep_t + slot * keep_l, mask=slot < end, other=0) != 0
+                seen = tl.load(keep + row * keep_t + slot * keep_l, mask=slot < stop, other=0) != 0
             keys = tl.load(k + head * k_h + slot[:, None] * k_l + d[None, :], mask=seen[:, None],
                            other=0.0)
             scores = tl.where(seen, tl.sum(keys.to(tl.float32) * query[None, :], axis=1), -1e30)
@@ -101,6 +107,19 @@ if triton is not None:
             acc = acc * shrink + tl.sum(weights[:, None] * values.to(tl.float32), axis=0)
             total = total * shrink + tl.sum(weights, axis=0)
             best = new_best
+        if WRITE:
+            if (fresh >= part * span) & (fresh < end):
+                key = tl.load(new_k + head * q_h + d)
+                value = tl.load(new_v + head * q_h + d)
+                score = tl.sum(key.to(tl.float32) * query, axis=0)
+                new_best = tl.maximum(best, score)
+                weight = tl.exp(score - new_best)
+                shrink = tl.exp(best - new_best)
+                acc = acc * shrink + weight * value.to(tl.float32)
+                total = total * shrink + weight
+                best = new_best
+                tl.store(k + head * k_h + fresh * k_l + d, key)
+                tl.store(v + head * v_h + fresh * v_l + d, value)
         if SPLIT:
             stat = row * stat_t + head * stat_h + part
             tl.store(out + row * out_t + head * out_h + part * out_s + d, acc)
@@ -189,9 +208,10 @@ if triton is not None:
     def launch(kernel):
         return kernel if INTERPRETED else torch.library.wrap_triton(kernel)
 
-    def attend_pass(query, key, value, keep, scale, span, parts, outs, out_strides):
+    def attend_pass(query, key, value, keep, scale, span, parts, outs, out_strides, fresh):
         """`attend_kernel`, one program per (head, row, part), or `attend_rows_kernel`, one per
-        (head, part), writing `outs`: the output, or the parts' sums and statistics."""
+        (head, part), writing `outs`: the output, or the parts' sums and statistics. `fresh`:
+        None, or the new key and value ([H, D], query's strides) and the slot to write them."""
         heads, rows, dim = query.shape
         length = key.shape[1]
         ends = keep.dim() == 1
@@ -205,14 +225,13 @@ if triton is not None:
                 SPLIT=split, IEEE=query.dtype == torch.float32, ENDS=ends)
         else:
             launch(attend_kernel)[(heads, rows, parts)](
-                query, key, value, keep, *outs, length, span, scale, *strides,
-                *out_strides, D=dim, BLOCK=BLOCK, SPLIT=split, ENDS=ends)
+                query, key, value, keep, *outs, *(fresh or (query, query, keep)), length, span,
+                scale, *strides, *out_strides, D=dim, BLOCK=BLOCK, SPLIT=split, ENDS=ends,
+                WRITE=fresh is not None)
 
-    @torch.library.triton_op("decodelab::attend", mutates_args=())
-    def attend_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  keep: torch.Tensor, scale: float) -> torch.Tensor:
-        """query [H, T, D], key and value [H, L, D], keep [T, L] (bool) or each row's count of
-        slots seen [T] (an integer dtype): out [T, H, D]."""
+    def attend_into(query, key, value, keep, scale, fresh=None):
+        """query [H, T, D], key and value [H, L, D], keep as `attend`'s: out [T, H, D], the
+        parts' outputs merged where the cache is split."""
         heads, rows, dim = query.shape
         length = key.shape[1]
         parts = splits(length)
@@ -220,17 +239,35 @@ if triton is not None:
         out = query.new_empty(rows, heads, dim)
         if parts == 1:
             attend_pass(query, key, value, keep, scale, span, 1, (out, out, out),
-                        (out.stride(0), out.stride(1), 0, 0, 0))
+                        (out.stride(0), out.stride(1), 0, 0, 0), fresh)
             return out
         acc = query.new_empty(rows, heads, parts, dim, dtype=torch.float32)
         best = query.new_empty(rows, heads, parts, dtype=torch.float32)
         total = torch.empty_like(best)
         attend_pass(query, key, value, keep, scale, span, parts, (acc, best, total),
-                    (acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0), best.stride(1)))
+                    (acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0), best.stride(1)),
+                    fresh)
         launch(combine_kernel)[(heads, rows)](
             acc, best, total, out, acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0),
             best.stride(1), out.stride(0), out.stride(1), D=dim, PARTS=parts)
         return out
+
+    @torch.library.triton_op("decodelab::attend", mutates_args=())
+    def attend_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  keep: torch.Tensor, scale: float) -> torch.Tensor:
+        """query [H, T, D], key and value [H, L, D], keep [T, L] (bool) or each row's count of
+        slots seen [T] (an integer dtype): out [T, H, D]."""
+        return attend_into(query, key, value, keep, scale)
+
+    @torch.library.triton_op("decodelab::write_attend", mutates_args=("pair",))
+    def write_attend_op(row: torch.Tensor, pair: torch.Tensor, position: torch.Tensor,
+                        keep: torch.Tensor, scale: float) -> torch.Tensor:
+        """row [3 H D]: one token's query, key and value (GPT-2's c_attn output); pair [2, 1, H,
+        L, D]: a layer's cached keys and values; position (0-d): the slot the token's key and
+        value are written to; keep: the token's count of slots seen [1]. out [1, H, D]."""
+        heads, dim = pair.shape[2], pair.shape[4]
+        query, key, value = row.view(3, heads, 1, dim).unbind(0)
+        return attend_into(query, pair[0, 0], pair[1, 0], keep, scale, (key, value, position))
 
 
 def shares_rows(rows: int, dim: int, length: int, ends: bool) -> bool:
@@ -265,6 +302,25 @@ def serves(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) ->
     return (triton is not None and on_device and batch == 1 and rows <= MAX_QUERIES
             and key.shape[1] == heads and dim & (dim - 1) == 0 and kept
             and key.stride(-1) == 1 and query.stride(-1) == 1)
+
+
+def writes(x: torch.Tensor, width: int, pair: torch.Tensor | None, mask: torch.Tensor | None
+           ) -> bool:
+    """Whether `write_attend` takes one token `x` [1, 1, E] whose c_attn output has `width`
+    columns, over cache buffer `pair` [2, 1, H, L, D], with `causal_ends`' mask."""
+    if pair is None or not is_ends(mask) or mask.shape != (1,) or x.shape[:2] != (1, 1):
+        return False
+    heads, dim = pair.shape[2], pair.shape[4]
+    on_device = x.is_cuda or (INTERPRETED and x.device.type == "cpu")
+    return (triton is not None and on_device and width == 3 * heads * dim
+            and dim & (dim - 1) == 0 and x.dtype == pair.dtype and pair.is_contiguous())
+
+
+def write_attend(row, pair, position, mask, scale: float) -> torch.Tensor:
+    """One token's attention where it `writes`: its key and value (from c_attn's output `row`)
+    into `pair` at slot `position`, its query over the slots `mask` counts, in one kernel;
+    out [1, 1, H, D]."""
+    return torch.ops.decodelab.write_attend(row.view(-1), pair, position, mask, scale)[None]
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

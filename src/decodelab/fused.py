@@ -23,10 +23,13 @@ their tuned launch configurations differed between processes. On an H100 gpt2-xl
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
+from transformers import StaticCache
 
 from . import attention, matvec
+from .static_cache import PairedLayer
 
 COMPILE = {"coordinate_descent_tuning": True}  # gpt-fast sets no max_autotune
 
@@ -127,6 +130,50 @@ def folds(block) -> bool:
             and all(type(n) is torch.nn.LayerNorm for n in (block.ln_1, block.ln_2)))
 
 
+def writing_forward(self, hidden_states, *args, **kwargs):
+    """GPT-2's attention (inference), a one-token pass over `static_cache`'s paired buffers in two
+    kernels and the output product: c_attn's row goes whole to `attention.write_attend`, which
+    reads the query from it and writes the key and value into the cache itself. Every other
+    pass is GPT-2's own."""
+    # a folded block passes its arguments by position
+    named = dict(zip(self.parameter_names, args, strict=False)) | kwargs
+    cache = named.get("cache", named.get("past_key_values"))  # its name before transformers 5.20
+    layer = cache.layers[self.layer_idx] if isinstance(cache, StaticCache) else None
+    pair = getattr(layer, "pair", None) if type(layer) is PairedLayer else None
+    mask = named.get("attention_mask")
+    if (self.training or named.get("encoder_hidden_states") is not None
+            or not attention.writes(hidden_states, self.c_attn.out_features, pair, mask)):
+        return super(type(self), self).forward(hidden_states, *args, **kwargs)
+    row = self.c_attn(hidden_states)
+    scale = getattr(self, "scaling", None)  # as GPT-2 passes it to `attention.attention`
+    scale = self.head_dim**-0.5 if scale is None else scale
+    out = attention.write_attend(row, pair, layer.cumulative_length, mask, scale)
+    if layer.advances:
+        layer.cumulative_length.add_(1)
+    return self.c_proj(out.view(hidden_states.shape)), None
+
+
+@functools.cache
+def writing(attention_class):
+    """`attention_class` with `writing_forward`, which reads its forward's arguments by name."""
+    names = tuple(inspect.signature(attention_class.forward).parameters)[2:]  # self, hidden_states
+    return type(f"Writing{attention_class.__name__}", (attention_class,),
+                {"forward": writing_forward, "parameter_names": names})
+
+
+def write_in_attention(model):
+    """`model` (in place) with each GPT-2 attention's one-token passes on `writing_forward`: per
+    layer, one kernel fewer to write the cache and none to select the query from c_attn's
+    output."""
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    for module in model.modules():
+        if (type(module) is GPT2Attention and not module.is_cross_attention
+                and isinstance(module.c_attn, MatvecLinear)):
+            module.__class__ = writing(GPT2Attention)
+    return model
+
+
 def as_linears(model, kernel: bool = False):
     """`model` with every Conv1D in the Linear layout, in place: a LinearConv1D, or with `kernel`
     a MatvecLinear (every Linear too, its parameters shared, and an MLP's GELU moved into its
@@ -150,10 +197,16 @@ def as_linears(model, kernel: bool = False):
     return model
 
 
-def prepare(model, kernel: bool = True, ends: bool = True, fold: bool = False):
+def prepare(model, kernel: bool = True, ends: bool = True, fold: bool = False,
+            write: bool = False):
     """`model` in the Linear layout with decodelab's attention (`attention.use`'s `ends`) and
     (with `kernel`) its one-row products on the matvec kernel, with `fold` GPT-2's layer norms and
     residual adds folded into them (`fold_norms`; the floor engine `folded`, not yet timed on a
-    GPU), in place."""
+    GPU), with `write` one-token attention writing its own cache slot (`write_in_attention`; the
+    floor engine `written`, folded too, not yet run on a GPU), in place."""
     model = as_linears(model, kernel)
-    return attention.use(fold_norms(model) if kernel and fold else model, ends)
+    if kernel and fold:
+        fold_norms(model)
+    if kernel and write:
+        write_in_attention(model)
+    return attention.use(model, ends)
