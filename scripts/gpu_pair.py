@@ -53,7 +53,7 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # transformers' StaticCache (each layer writes its keys, writes its values and advances its own
 # position) with a boolean [T, L] mask for the attention kernel; `fused-deterministic`, `fused`
 # under Inductor's deterministic mode (below); `folded`, `fused` with GPT-2's layer norms and
-# residual adds inside the matvec kernels (fused.fold_norms); `written`, `folded` with each
+# residual adds inside the matvec kernels (fused.fold_norms); `written`, `fused` with each
 # one-token attention reading c_attn's row whole and writing its own cache slot
 # (fused.write_in_attention).
 # On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token
@@ -290,7 +290,7 @@ def floor_engine(model, name: str, max_len: int, cuda: bool):
         return model
     variant = copy.deepcopy(model)
     if base in ("fused", "layered", "folded", "written"):
-        fused.prepare(variant, ends=base != "layered", fold=base in ("folded", "written"),
+        fused.prepare(variant, ends=base != "layered", fold=base == "folded",
                       write=base == "written")
     elif base in ("reductions", "linear"):
         fused.as_linears(variant)

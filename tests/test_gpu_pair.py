@@ -99,7 +99,7 @@ def test_each_fused_ablation_prepares_its_own_cache_mask_blocks_and_attention():
     assert type(engines["layered"].cache.layers[0]) is StaticLayer
     blocks = {name: type(e.model.transformer.h[0]).__name__ for name, e in engines.items()}
     assert blocks == {"fused": "GPT2Block", "layered": "GPT2Block", "folded": "FoldedGPT2Block",
-                      "written": "FoldedGPT2Block"}
+                      "written": "GPT2Block"}
     attentions = {name: type(e.model.transformer.h[0].attn).__name__ for name, e in engines.items()}
     assert attentions == {"fused": "GPT2Attention", "layered": "GPT2Attention",
                           "folded": "GPT2Attention", "written": "WritingGPT2Attention"}

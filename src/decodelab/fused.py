@@ -203,7 +203,7 @@ def prepare(model, kernel: bool = True, ends: bool = True, fold: bool = False,
     (with `kernel`) its one-row products on the matvec kernel, with `fold` GPT-2's layer norms and
     residual adds folded into them (`fold_norms`; the floor engine `folded`, not yet timed on a
     GPU), with `write` one-token attention writing its own cache slot (`write_in_attention`; the
-    floor engine `written`, folded too, not yet run on a GPU), in place."""
+    floor engine `written`), in place."""
     model = as_linears(model, kernel)
     if kernel and fold:
         fold_norms(model)

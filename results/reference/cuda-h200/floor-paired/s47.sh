@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Session s47's second call: gpt2-xl on `written` (fused.write_in_attention: each one-token
+# attention reads c_attn's row whole and its kernel writes the cache slot, no cache-write or
+# query-select kernel per layer) and `fused`, side by side in one process, against the floor;
+# then the writing kernel's tests and the compiled engines' greedy tokens (tests/test_matvec.py)
+# on the GPU. Usage as s46.sh: bash results/reference/cuda-h200/floor-paired/s47.sh [ENGINES
+# [FLOOR_S [TESTS_S]]] (about 530 s as it stands).
+set -uo pipefail
+source results/reference/cuda-h200/floor-paired/setup.sh
+floor ${1:-written,fused} floor ${2:-430}
+timeout ${3:-90} python3 -m pytest tests/test_attention.py tests/test_matvec.py -k "writ or compiled_engine" --noconftest -p no:cacheprovider -q -rs -p no:logging --durations=5 > $OUT/tests.txt 2>&1; echo "exit $?" >> $OUT/tests.txt
+tail -4 $OUT/tests.txt
