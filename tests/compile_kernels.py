@@ -43,10 +43,13 @@ def main() -> None:
             "keep": "*i64" if ends else "*i1", "best_out": "*fp32", "total_out": "*fp32",
             "position": "*i64"}
         for split in (False, True):
-            for write in (False, True) if ends else (False,):  # a token writing its own slot
-                compile_for_h100(attention.attend_kernel, pointers,
-                                 {"D": 64, "BLOCK": attention.BLOCK, "SPLIT": split, "ENDS": ends,
-                                  "WRITE": write}, floats=("scale",))
+            compile_for_h100(attention.attend_kernel, pointers,
+                             {"D": 64, "BLOCK": attention.BLOCK, "SPLIT": split, "ENDS": ends},
+                             floats=("scale",))
+            if ends:  # a token writing its own slot
+                compile_for_h100(attention.write_attend_kernel, pointers,
+                                 {"D": 64, "BLOCK": attention.BLOCK, "SPLIT": split},
+                                 floats=("scale",))
             compile_for_h100(attention.attend_rows_kernel, pointers,
                              {"D": 64, "R": 16, "BLOCK": attention.BLOCK, "SPLIT": split,
                               "IEEE": False, "ENDS": ends}, floats=("scale",))

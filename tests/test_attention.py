@@ -138,7 +138,7 @@ def test_the_writing_kernel_stores_the_tokens_key_and_value_and_attends_as_sdpa_
     row, pair, after = written(length, position, float("nan"), dtype)
     keep = torch.tensor([position + 1], device=DEVICE)
     assert attention.writes(row, row.shape[-1], pair, keep)
-    out = attention.write_attend(row, pair, torch.tensor(position, device=DEVICE), keep, 0.125)
+    out = attention.write_attend(row, pair, torch.tensor(position, device=DEVICE), 0.125)
     torch.testing.assert_close(pair[..., :position + 1, :], after[..., :position + 1, :])
     assert pair[..., position + 1:, :].isnan().all()  # nothing else written
     query = row.view(1, 1, 3, 3, 64)[:, :, 0].transpose(1, 2)
@@ -156,8 +156,7 @@ def test_the_writing_kernel_is_checked_by_a_case_it_must_fail(length, position):
     token's key and value were written."""
     row, pair, _ = written(length, position, None)
     before = pair.clone()
-    keep = torch.tensor([position + 1], device=DEVICE)
-    out = attention.write_attend(row, pair, torch.tensor(position, device=DEVICE), keep, 0.125)
+    out = attention.write_attend(row, pair, torch.tensor(position, device=DEVICE), 0.125)
     query = row.view(1, 1, 3, 3, 64)[:, :, 0].transpose(1, 2)
     mask = (torch.arange(length, device=DEVICE) <= position)[None, None, None]
     assert not torch.allclose(out, sdpa(query, before[0], before[1], mask, 0.125), rtol=1e-5,

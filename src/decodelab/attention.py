@@ -58,16 +58,38 @@ SHARED_MASKED_FROM = 4096
 if triton is not None:
 
     @triton.jit
-    def attend_kernel(q, k, v, keep, out, best_out, total_out, new_k, new_v, position, length,
-                      span, scale, q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h,
-                      out_s, stat_t, stat_h, D: tl.constexpr, BLOCK: tl.constexpr,
-                      SPLIT: tl.constexpr, ENDS: tl.constexpr, WRITE: tl.constexpr):
+    def attend_kernel(q, k, v, keep, out, best_out, total_out, length, span, scale, q_h, q_t,
+                      k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h, out_s, stat_t, stat_h,
+                      D: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+                      ENDS: tl.constexpr):
         """Program (head, row, part) attends over slots [part * span, (part + 1) * span) that
         `keep` keeps: a boolean mask [T, L], or with ENDS each row's count of slots seen [T]. One
         part: the output. Several: each part's unnormalized output, maximum and sum, for
-        `combine_kernel`. With WRITE (one row), the slot at `position` holds the row's own key
-        and value, `new_k` and `new_v` (head stride q_h): the program whose part holds it
-        attends to them from its registers and writes them into the cache."""
+        `combine_kernel`."""
+        attend_program(q, k, v, keep, out, best_out, total_out, q, q, keep, length, span, scale,
+                       q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h, out_s,
+                       stat_t, stat_h, D, BLOCK, SPLIT, ENDS, False)
+
+    @triton.jit
+    def write_attend_kernel(q, k, v, keep, out, best_out, total_out, new_k, new_v, position,
+                            length, span, scale, q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l,
+                            out_t, out_h, out_s, stat_t, stat_h, D: tl.constexpr,
+                            BLOCK: tl.constexpr, SPLIT: tl.constexpr):
+        """`attend_kernel` for one row whose own key and value, `new_k` and `new_v` (head stride
+        q_h), belong in slot `position`, after every slot it sees: the program whose part holds
+        it attends to them from its registers and writes them into the cache. (A kernel of its
+        own: where `attend_kernel` took unused pointers, Inductor copied what it passed twice,
+        47 kernels more per gpt2-xl step on an H100.)"""
+        attend_program(q, k, v, keep, out, best_out, total_out, new_k, new_v, position, length,
+                       span, scale, q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h,
+                       out_s, stat_t, stat_h, D, BLOCK, SPLIT, True, True)
+
+    @triton.jit
+    def attend_program(q, k, v, keep, out, best_out, total_out, new_k, new_v, position, length,
+                       span, scale, q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h,
+                       out_s, stat_t, stat_h, D: tl.constexpr, BLOCK: tl.constexpr,
+                       SPLIT: tl.constexpr, ENDS: tl.constexpr, WRITE: tl.constexpr):
+        """The body of `attend_kernel` (WRITE unset) and `write_attend_kernel`."""
         head = tl.program_id(0)
         row = tl.program_id(1)
         part = tl.program_id(2)
@@ -79,12 +101,14 @@ if triton is not None:
         total = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
         acc = tl.zeros([D], tl.float32)
         end = tl.minimum(length, (part + 1) * span)
-        if ENDS:  # the loop stops at the row's last slot
-            end = tl.minimum(end, tl.load(keep + row * keep_t).to(tl.int32))
-        stop = end
-        if WRITE:  # no program reads the new slot from the cache, which one of them writes
+        if WRITE:  # the row sees the slots up to its own, which no program reads from the cache
             fresh = tl.load(position).to(tl.int32)
             stop = tl.minimum(end, fresh)
+            end = tl.minimum(end, fresh + 1)
+        else:
+            if ENDS:  # the loop stops at the row's last slot
+                end = tl.minimum(end, tl.load(keep + row * keep_t).to(tl.int32))
+            stop = end
         for start in range(part * span, stop, BLOCK):
             slot = start + tl.arange(0, BLOCK)
             # Keys and values load only where the mask keeps a slot: while a static cache
@@ -223,11 +247,14 @@ if triton is not None:
                 query, key, value, keep, *outs, rows, length, span, scale, *strides,
                 *out_strides, D=dim, R=max(16, triton.next_power_of_2(rows)), BLOCK=BLOCK,
                 SPLIT=split, IEEE=query.dtype == torch.float32, ENDS=ends)
-        else:
+        elif fresh is None:
             launch(attend_kernel)[(heads, rows, parts)](
-                query, key, value, keep, *outs, *(fresh or (query, query, keep)), length, span,
-                scale, *strides, *out_strides, D=dim, BLOCK=BLOCK, SPLIT=split, ENDS=ends,
-                WRITE=fresh is not None)
+                query, key, value, keep, *outs, length, span, scale, *strides, *out_strides,
+                D=dim, BLOCK=BLOCK, SPLIT=split, ENDS=ends)
+        else:
+            launch(write_attend_kernel)[(heads, rows, parts)](
+                query, key, value, keep, *outs, *fresh, length, span, scale, *strides,
+                *out_strides, D=dim, BLOCK=BLOCK, SPLIT=split)
 
     def attend_into(query, key, value, keep, scale, fresh=None):
         """query [H, T, D], key and value [H, L, D], keep as `attend`'s: out [T, H, D], the
@@ -262,18 +289,21 @@ if triton is not None:
     # Opaque to Inductor, unlike the ops above: it would trace the kernel's writes through
     # views of `pair` and copy the whole buffer to keep them functional (on an H100, 4 kernels
     # more per layer, 2.45 us each).
+    # Opaque to Inductor, unlike the ops above: it traced the kernel's writes through views of
+    # `pair` and copied the whole buffer around them (on an H100, 4 kernels more per layer).
     @torch.library.custom_op("decodelab::write_attend", mutates_args=("pair",))
     def write_attend_op(row: torch.Tensor, pair: torch.Tensor, position: torch.Tensor,
-                        keep: torch.Tensor, scale: float) -> torch.Tensor:
+                        scale: float) -> torch.Tensor:
         """row [3 H D]: one token's query, key and value (GPT-2's c_attn output); pair [2, 1, H,
-        L, D]: a layer's cached keys and values; position (0-d): the slot the token's key and
-        value are written to; keep: the token's count of slots seen [1]. out [1, H, D]."""
+        L, D]: a layer's cached keys and values; position (0-d): the token's slot, after every
+        slot it sees. Writes its key and value there; out [1, H, D]."""
         heads, dim = pair.shape[2], pair.shape[4]
         query, key, value = row.view(3, heads, 1, dim).unbind(0)
-        return attend_into(query, pair[0, 0], pair[1, 0], keep, scale, (key, value, position))
+        return attend_into(query, pair[0, 0], pair[1, 0], position.view(1), scale,
+                           (key, value, position))
 
     @write_attend_op.register_fake
-    def _(row, pair, position, keep, scale):
+    def _(row, pair, position, scale):
         return row.new_empty(1, pair.shape[2], pair.shape[4])
 
 
@@ -323,11 +353,11 @@ def writes(x: torch.Tensor, width: int, pair: torch.Tensor | None, mask: torch.T
             and dim & (dim - 1) == 0 and x.dtype == pair.dtype and pair.is_contiguous())
 
 
-def write_attend(row, pair, position, mask, scale: float) -> torch.Tensor:
+def write_attend(row, pair, position, scale: float) -> torch.Tensor:
     """One token's attention where it `writes`: its key and value (from c_attn's output `row`)
-    into `pair` at slot `position`, its query over the slots `mask` counts, in one kernel;
-    out [1, 1, H, D]."""
-    return torch.ops.decodelab.write_attend(row.view(-1), pair, position, mask, scale)[None]
+    into `pair` at slot `position`, its query over that slot and every one before it, in one
+    kernel; out [1, 1, H, D]."""
+    return torch.ops.decodelab.write_attend(row.view(-1), pair, position, scale)[None]
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

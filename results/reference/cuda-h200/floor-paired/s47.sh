@@ -7,6 +7,6 @@
 # [FLOOR_S [TESTS_S]]] (about 530 s as it stands).
 set -uo pipefail
 source results/reference/cuda-h200/floor-paired/setup.sh
-floor ${1:-written,fused} floor ${2:-430}
+floor ${1:-fused,written} floor ${2:-430}
 timeout ${3:-90} python3 -m pytest tests/test_attention.py tests/test_matvec.py -k "writ or compiled_engine" --noconftest -p no:cacheprovider -q -rs -p no:logging --durations=5 > $OUT/tests.txt 2>&1; echo "exit $?" >> $OUT/tests.txt
 tail -4 $OUT/tests.txt
