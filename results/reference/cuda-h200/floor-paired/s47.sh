@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Session s47's second call: gpt2-xl on `written` (fused.write_in_attention: each one-token
+# The next call (an H200): gpt2-xl on `written` (fused.write_in_attention: each one-token
 # attention reads c_attn's row whole and its kernel writes the cache slot, no cache-write or
 # query-select kernel per layer) and `fused`, side by side in one process, against the floor;
 # then the writing kernel's tests and the compiled engines' greedy tokens (tests/test_matvec.py)
-# on the GPU. Usage as s46.sh: bash results/reference/cuda-h200/floor-paired/s47.sh [ENGINES
-# [FLOOR_S [TESTS_S]]] (about 530 s as it stands).
+# on the GPU. s47's second call ran it at a751d65 and got an H100 (cuda-h100/floor-paired/call5).
+# Usage as s46.sh: bash results/reference/cuda-h200/floor-paired/s47.sh [ENGINES [FLOOR_S
+# [TESTS_S]]] (about 530 s as it stands).
 set -uo pipefail
 source results/reference/cuda-h200/floor-paired/setup.sh
 floor ${1:-fused,written} floor ${2:-430}
