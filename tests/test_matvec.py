@@ -120,7 +120,10 @@ def test_products_the_kernel_does_not_serve_are_a_matmul():
         assert not matvec.serves(x, w)
 
 
-@pytest.mark.parametrize("fold,write", [(False, False), (True, False), (True, True)])
+FOLD_WRITE = [(False, False), (True, False), (False, True), (True, True)]  # fused.prepare's options
+
+
+@pytest.mark.parametrize("fold,write", FOLD_WRITE)
 @torch.inference_mode()
 def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_by_pass(
         fold, write, monkeypatch):
@@ -171,7 +174,7 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("fold,write", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("fold,write", FOLD_WRITE)
 @torch.inference_mode()
 def test_the_compiled_engine_on_it_decodes_the_eager_models_greedy_tokens(fold, write):
     torch.manual_seed(0)

@@ -235,7 +235,7 @@ if triton is not None:
     def attend_pass(query, key, value, keep, scale, span, parts, outs, out_strides, fresh):
         """`attend_kernel`, one program per (head, row, part), or `attend_rows_kernel`, one per
         (head, part), writing `outs`: the output, or the parts' sums and statistics. `fresh`:
-        None, or the new key and value ([H, D], query's strides) and the slot to write them."""
+        None, or the new key and value ([H, 1, D], query's strides) and the slot to write them."""
         heads, rows, dim = query.shape
         length = key.shape[1]
         ends = keep.dim() == 1
@@ -286,9 +286,6 @@ if triton is not None:
         slots seen [T] (an integer dtype): out [T, H, D]."""
         return attend_into(query, key, value, keep, scale)
 
-    # Opaque to Inductor, unlike the ops above: it would trace the kernel's writes through
-    # views of `pair` and copy the whole buffer to keep them functional (on an H100, 4 kernels
-    # more per layer, 2.45 us each).
     # Opaque to Inductor, unlike the ops above: it traced the kernel's writes through views of
     # `pair` and copied the whole buffer around them (on an H100, 4 kernels more per layer).
     @torch.library.custom_op("decodelab::write_attend", mutates_args=("pair",))

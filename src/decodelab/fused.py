@@ -141,7 +141,7 @@ def writing_forward(self, hidden_states, *args, **kwargs):
     pass is GPT-2's own."""
     # a folded block passes its arguments by position
     named = dict(zip(self.parameter_names, args, strict=False)) | kwargs
-    cache = named.get("cache", named.get("past_key_values"))  # its name before transformers 5.20
+    cache = named.get("cache", named.get("past_key_values"))  # as transformers 5 releases name it
     layer = cache.layers[self.layer_idx] if isinstance(cache, StaticCache) else None
     pair = getattr(layer, "pair", None) if type(layer) is PairedLayer else None
     mask = named.get("attention_mask")
