@@ -127,6 +127,13 @@ def written(length: int, position: int, stale: float | None, dtype=torch.float32
     return [t.to(DEVICE, dtype) for t in (row, pair, after)]
 
 
+def attended(row, cache, position: int):
+    """SDPA's attention of `row`'s query over `cache`'s slots up to `position`: out [1, 1, H, D]."""
+    query = row.view(1, 1, 3, 3, 64)[:, :, 0].transpose(1, 2)
+    mask = (torch.arange(cache.shape[3], device=DEVICE) <= position)[None, None, None]
+    return sdpa(query, cache[0], cache[1], mask, 0.125)
+
+
 # one part: first slot, last, between; split: each side of a part's border, the last slot
 WRITES = [(40, 0), (40, 39), (288, 33), (1030, 255), (1030, 256), (2100, 2099), (4096, 100)]
 
@@ -142,10 +149,8 @@ def test_the_writing_kernel_stores_the_tokens_key_and_value_and_attends_as_sdpa_
     out = attention.write_attend(row, pair, torch.tensor(position, device=DEVICE), 0.125)
     torch.testing.assert_close(pair[..., :position + 1, :], after[..., :position + 1, :])
     assert pair[..., position + 1:, :].isnan().all()  # nothing else written
-    query = row.view(1, 1, 3, 3, 64)[:, :, 0].transpose(1, 2)
-    mask = (torch.arange(length, device=DEVICE) <= position)[None, None, None]
     after[..., position + 1:, :] = 0.0
-    reference = sdpa(query, after[0], after[1], mask, 0.125).to(dtype)
+    reference = attended(row, after, position).to(dtype)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-3
     torch.testing.assert_close(out, reference, rtol=tolerance, atol=tolerance)
 
@@ -158,10 +163,7 @@ def test_the_writing_kernel_is_checked_by_a_case_it_must_fail(length, position):
     row, pair, _ = written(length, position, None)
     before = pair.clone()
     out = attention.write_attend(row, pair, torch.tensor(position, device=DEVICE), 0.125)
-    query = row.view(1, 1, 3, 3, 64)[:, :, 0].transpose(1, 2)
-    mask = (torch.arange(length, device=DEVICE) <= position)[None, None, None]
-    assert not torch.allclose(out, sdpa(query, before[0], before[1], mask, 0.125), rtol=1e-5,
-                              atol=1e-5)
+    assert not torch.allclose(out, attended(row, before, position), rtol=1e-5, atol=1e-5)
 
 
 class Writer(torch.nn.Module):

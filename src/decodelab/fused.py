@@ -152,8 +152,7 @@ def writing_forward(self, hidden_states, *args, **kwargs):
     scale = getattr(self, "scaling", None)  # as GPT-2 passes it to `attention.attention`
     scale = self.head_dim**-0.5 if scale is None else scale
     out = attention.write_attend(row, pair, layer.cumulative_length, scale)
-    if layer.advances:
-        layer.cumulative_length.add_(1)
+    layer.advance(1)
     return self.c_proj(out.view(hidden_states.shape)), None
 
 

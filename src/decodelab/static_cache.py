@@ -58,10 +58,15 @@ class PairedLayer(StaticLayer):
         n = key_states.shape[-2]
         slots = torch.arange(n, device=self.device) + self.cumulative_length
         self.pair.index_copy_(3, slots, torch.stack((key_states, value_states)))
-        if self.advances:
-            self.cumulative_length.add_(n)
+        self.advance(n)
         # views taken here, not the attributes: dynamo would lift those as inputs aliasing `pair`
         return self.pair[0], self.pair[1]
+
+    def advance(self, n: int) -> None:
+        """The shared position n tokens on, by the layer that `advances`, after its write (by
+        `update`, or by a kernel that writes `pair` itself)."""
+        if self.advances:
+            self.cumulative_length.add_(n)
 
     def crop(self, tokens_to_remove: int) -> None:
         """`tokens_to_remove` (negative, as transformers' `StaticLayer.crop`, which some

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The next call (an H200): gpt2-xl on `folded` (fused.fold_norms: GPT-2's layer norms and residual
-# adds inside the matvec kernels, two kernels fewer per layer) and `fused`, side by side in one
-# process, against the floor, each one's greedy tokens against eager's; then tests/test_matvec.py
+# Planned for an H200 in s46; s47 ran it as `s46.sh folded,written 440 100` and got an H100
+# (cuda-h100/floor-paired/call4). gpt2-xl on `folded` (fused.fold_norms: GPT-2's layer norms and
+# residual adds inside the matvec kernels, two kernels fewer per layer) and `fused`, side by side
+# in one process, against the floor, each one's greedy tokens against eager's; then tests/test_matvec.py
 # on the GPU (the kernels, a compiled engine's greedy tokens folded and not). Usage, from the
 # repository's root after results/reference/cuda-h100/floor-matvec/prepare.sh, with carry
 # [".whl", ".gpu"]: bash results/reference/cuda-h200/floor-paired/s46.sh [ENGINES [FLOOR_S
