@@ -53,9 +53,10 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # transformers' StaticCache (each layer writes its keys, writes its values and advances its own
 # position) with a boolean [T, L] mask for the attention kernel; `fused-deterministic`, `fused`
 # under Inductor's deterministic mode (below); `folded`, `fused` with GPT-2's layer norms and
-# residual adds inside the matvec kernels (fused.fold_norms); `written`, `fused` with each
-# one-token attention reading c_attn's row whole and writing its own cache slot
-# (fused.write_in_attention).
+# residual adds inside the matvec kernels (fused.fold_norms); `unwritten`, `fused` with a
+# cache-write kernel per layer beside the attention kernel (fused.prepare(write=False)). Until s48
+# that was `fused`, and today's `fused` (each one-token attention writing its own cache slot) was
+# `written`: the floor calls before it use those names.
 # On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token
 # (results/reference/cuda-h100/floor-kernels/), `reductions+attend` to 2.86-3.51 ms in three
 # processes (results/reference/cuda-h100/floor-fused/) and `fused` to 2.63 ms beside its 3.17-3.22
@@ -69,10 +70,10 @@ ATTEND = "+attend"
 DETERMINISTIC = "-deterministic"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
     "reductions", "reductions" + ATTEND, "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND,
-    "layered", "fused" + DETERMINISTIC, "folded", "written")
+    "layered", "fused" + DETERMINISTIC, "folded", "unwritten")
 FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE, "linear": {},
                                           "layered": fused.COMPILE, "folded": fused.COMPILE,
-                                          "written": fused.COMPILE}
+                                          "unwritten": fused.COMPILE}
 # Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
 # kernels, reductions apart from pointwise ones; attention, whose kernels may be CUTLASS ones;
 # cuBLAS and CUTLASS GEMM/GEMV kernels; copies and indexing; the rest).
@@ -289,9 +290,9 @@ def floor_engine(model, name: str, max_len: int, cuda: bool):
     if base == "eager":
         return model
     variant = copy.deepcopy(model)
-    if base in ("fused", "layered", "folded", "written"):
+    if base in ("fused", "layered", "folded", "unwritten"):
         fused.prepare(variant, ends=base != "layered", fold=base == "folded",
-                      write=base == "written")
+                      write=base not in ("layered", "unwritten"))
     elif base in ("reductions", "linear"):
         fused.as_linears(variant)
     if name.endswith(ATTEND):
@@ -332,7 +333,7 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     # Off CUDA nothing is compiled: `reductions`, `fused` and `linear` run there as their model's
     # changes.
     uncompiled = ("eager", "graph", "reductions", "fused", "linear", "layered", "folded",
-                  "written")
+                  "unwritten")
     for name in names if cuda else [n for n in names if base_engine(n) in uncompiled]:
         engine = floor_engine(model, name, prompt.shape[1] + budget, cuda)
         start = time.perf_counter()
@@ -488,15 +489,15 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # tuned for a later call on the same machine).
 # `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
 # 74 s (gpt2) on an H100; `fused` tunes the kernels around its own: 131-141 s and 56-58 s.
-# `layered`'s warm-up took 128 s on an H100 (gpt2-xl), `fused`'s 138-176 s there in s43; on an
-# H200 `fused`'s took 174 s, `fused-deterministic`'s (`fused`'s seconds here) 130 s; on H100s
-# `written`'s took 113 s (with `fold`) and 160 s.
+# `layered`'s warm-up took 128 s on an H100 (gpt2-xl), `unwritten`'s (then `fused`) 114-176 s
+# there; on an H200 174 s, `fused-deterministic`'s (`fused`'s seconds here) 130 s; on H100s
+# `fused`'s (then `written`) took 113 s (with `fold`), 124 s and 160 s.
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
                            "reductions": 240, "fused": 200, "linear": 150, "layered": 200,
-                           "folded": 200, "written": 170},
+                           "folded": 200, "unwritten": 200},
                "gpt2": {"eager": 20, "graph": 20, "compiled": 60, "autotuned": 160,
                         "reductions": 120, "fused": 100, "linear": 60, "layered": 100,
-                        "folded": 100, "written": 100}}
+                        "folded": 100, "unwritten": 100}}
 
 
 KERNEL_NAME = re.compile(r"""['"]kernel_name['"]: ['"](\w+)['"]""")

@@ -64,7 +64,7 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
     # nothing compiled off CUDA; no Triton there, so `+attend` runs SDPA as its fallback
     assert set(df.engine) == {"eager", "graph", "reductions", "fused", "reductions+attend",
                               "graph+attend", "linear+attend", "layered", "fused-deterministic",
-                              "folded", "written"}
+                              "folded", "unwritten"}
     assert (df.diverges_from_eager_at == -1).all()  # float32: every engine's greedy tokens agree
     assert df.eager_margin_there.isna().all()  # so no margin where they part
     assert df.groupby("engine").size().eq(3).all()
@@ -91,7 +91,7 @@ def test_each_fused_ablation_prepares_its_own_cache_mask_blocks_and_attention():
 
     model = tiny_gpt2()
     engines = {name: gpu_pair().floor_engine(model, name, 40, False)
-               for name in ("fused", "layered", "folded", "written")}
+               for name in ("fused", "layered", "folded", "unwritten")}
     assert model.config._attn_implementation != attention.NAME  # each engine has its own copy
     assert engines["fused"].model.config._attn_implementation == attention.NAME
     assert engines["layered"].model.config._attn_implementation == attention.MASKED
@@ -99,10 +99,11 @@ def test_each_fused_ablation_prepares_its_own_cache_mask_blocks_and_attention():
     assert type(engines["layered"].cache.layers[0]) is StaticLayer
     blocks = {name: type(e.model.transformer.h[0]).__name__ for name, e in engines.items()}
     assert blocks == {"fused": "GPT2Block", "layered": "GPT2Block", "folded": "FoldedGPT2Block",
-                      "written": "GPT2Block"}
+                      "unwritten": "GPT2Block"}
     attentions = {name: type(e.model.transformer.h[0].attn).__name__ for name, e in engines.items()}
-    assert attentions == {"fused": "GPT2Attention", "layered": "GPT2Attention",
-                          "folded": "GPT2Attention", "written": "WritingGPT2Attention"}
+    writing = "WritingGPT2Attention"
+    assert attentions == {"fused": writing, "layered": "GPT2Attention", "folded": writing,
+                          "unwritten": "GPT2Attention"}
 
 
 @pytest.mark.parametrize("name, kind", [

@@ -129,9 +129,10 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
         fold, write, monkeypatch):
     """fused.prepare(kernel=True), its layer norms folded in or not, one-token attention writing
     its own cache slot or not: prefill (matmuls), one-token steps (the kernel where it runs: four
-    per layer and the LM head) and a verification's 3 tokens (matmuls) on a static cache, which
-    ends up holding the same keys and values. Off a GPU: programs of 16 rows (fewer for the
-    interpreter to run) and a vocabulary of 512."""
+    per layer and the LM head), a verification's 3 tokens (matmuls) and, two of them rolled
+    back, one-token steps again on a static cache, which ends up holding the same keys and
+    values. Off a GPU: programs of 16 rows (fewer for the interpreter to run) and a vocabulary
+    of 512."""
     served, written = [], []
     serves, write_attend = matvec.serves, attention.write_attend
     monkeypatch.setattr(matvec, "serves", lambda *a: served.append(serves(*a)) or served[-1])
@@ -156,7 +157,10 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
     engines = [graphs.Engine(m, capture=False, max_len=40) for m in (plain, ours)]
     caches = [e.new_cache() for e in engines]
     layers = model.config.n_layer
-    for start, n in [(0, 20), (20, 1), (21, 3), (24, 1), (25, 1)]:
+    # after the verification, two of its 3 tokens are rolled back, as a rejection does
+    for start, n in [(0, 20), (20, 1), (21, 3), (22, 1), (23, 1)]:
+        for e in engines:
+            e.move_back(e.cache.get_seq_length() - start)
         a = engines[0](ids[:, start:start + n], past_key_values=caches[0]).logits.clone()
         served.clear()
         written.clear()

@@ -7,13 +7,14 @@ in], so a GEMV reads contiguous rows), runs every one-row product on decodelab's
 one-kernel attention (`decodelab.attention`); Inductor compiles the rest (layer norms, residual
 adds, cache writes) under coordinate-descent tuning (`COMPILE`, as gpt-fast sets it). Passes of
 several rows (a prompt, a verification) stay matmuls. On an H200 `fused` missed #18's 3x of the
-floor by 36 us per token (results/reference/cuda-h200/floor-paired/). Two options of `prepare`
-remove kernels from a step: `fold_norms` moves GPT-2's layer norms and residual adds into the
-matvec kernels (96 kernels fewer per gpt2-xl step, but on an H100 its products took longer than
-the kernels it saved), and `write_in_attention` has each one-token attention read c_attn's row
-whole and write its own cache slot (no cache-write and no query-select kernel per layer;
-results/reference/cuda-h100/floor-paired/). Neither is the engine's default until a GPU has timed
-it beside `fused` in one process.
+floor by 36 us per token (results/reference/cuda-h200/floor-paired/), with a cache-write kernel
+per layer beside the attention kernel. `write_in_attention`, on by default since, has each
+one-token attention read c_attn's row whole and write its own cache slot: no cache-write, no
+query-select and no slot-count kernel per layer, 341 kernels per gpt2-xl step against 436, and
+on one H100 2.303-2.308 against 2.408-2.429 ms per token (results/reference/cuda-h100/
+floor-paired/, calls 6 and 7). `fold_norms` (an option, off) moves GPT-2's layer norms and
+residual adds into the matvec kernels: 96 kernels fewer per gpt2-xl step, but on an H100 its
+products took longer than the kernels it saved.
 
 Before the matvec kernel, the GEMVs were Inductor's tuned reductions (`as_linears` alone: Inductor
 makes a one-row `mm` a reduction only under coordinate descent, and GPT-2's `addmm` on an [in,
@@ -201,12 +202,12 @@ def as_linears(model, kernel: bool = False):
 
 
 def prepare(model, kernel: bool = True, ends: bool = True, fold: bool = False,
-            write: bool = False):
+            write: bool = True):
     """`model` in the Linear layout with decodelab's attention (`attention.use`'s `ends`) and
     (with `kernel`) its one-row products on the matvec kernel, with `fold` GPT-2's layer norms and
     residual adds folded into them (`fold_norms`; the floor engine `folded`), with `write` each
-    one-token attention writing its own cache slot (`write_in_attention`; the floor engine
-    `written`), in place."""
+    one-token attention writing its own cache slot (`write_in_attention`; without it, the floor
+    engine `unwritten`), in place."""
     model = as_linears(model, kernel)
     if kernel and fold:
         fold_norms(model)
