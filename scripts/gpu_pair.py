@@ -488,10 +488,10 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
 # matmuls took over 330 s on an H100 and did not finish there (Inductor's caches keep what it
 # tuned for a later call on the same machine).
 # `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
-# 74 s (gpt2) on an H100; `fused` tunes the kernels around its own: 131-141 s and 56-58 s.
-# `layered`'s warm-up took 128 s on an H100 (gpt2-xl), `unwritten`'s (then `fused`) 114-176 s
-# there; on an H200 174 s, `fused-deterministic`'s (`fused`'s seconds here) 130 s; on H100s
-# `fused`'s (then `written`) took 113 s (with `fold`), 124 s and 160 s.
+# 74 s (gpt2) on an H100. `unwritten` (until s48 `fused`) tunes the kernels around its own:
+# 114-176 s and 56-58 s on H100s, 174 s (gpt2-xl) on an H200, where `fused-deterministic`'s
+# (`fused`'s seconds here) took 130 s; `layered`'s took 128 s on an H100 (gpt2-xl), and `fused`'s
+# (until s48 `written`) 113 s (with `fold`), 124 s and 160 s.
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
                            "reductions": 240, "fused": 200, "linear": 150, "layered": 200,
                            "folded": 200, "unwritten": 200},

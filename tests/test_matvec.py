@@ -159,8 +159,8 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
     layers = model.config.n_layer
     # after the verification, two of its 3 tokens are rolled back, as a rejection does
     for start, n in [(0, 20), (20, 1), (21, 3), (22, 1), (23, 1)]:
-        for e in engines:
-            e.move_back(e.cache.get_seq_length() - start)
+        for cache in caches:
+            cache.crop(start)
         a = engines[0](ids[:, start:start + n], past_key_values=caches[0]).logits.clone()
         served.clear()
         written.clear()
@@ -175,6 +175,7 @@ def test_a_model_on_the_kernel_computes_the_logits_the_linear_layout_does_pass_b
             torch.testing.assert_close(x.pair[..., :start + n, :], y.pair[..., :start + n, :],
                                        rtol=1e-4, atol=1e-4)
         assert [e.cache.get_seq_length() for e in engines] == [start + n] * 2
+        assert [c.get_seq_length() for c in caches] == [start + n] * 2
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")

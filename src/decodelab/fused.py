@@ -1,20 +1,20 @@
 """gpt-fast's recipe for batch-1 decoding as a model transform: the `fused` graph engine's model.
 
 A batch-1 step reads every weight once, in one-row matmuls (GEMVs), and attends one query over a
-static cache. `prepare` stores each of GPT-2's Conv1D weights ([in, out]) as a Linear's ([out,
-in], so a GEMV reads contiguous rows), runs every one-row product on decodelab's matvec kernel
+static cache. `prepare` stores each of GPT-2's Conv1D weights ([in, out]) as a Linear's ([out, in],
+so a GEMV reads contiguous rows), runs every one-row product on decodelab's matvec kernel
 (`decodelab.matvec`, the MLP's GELU in its first product's kernel) and attention on decodelab's
 one-kernel attention (`decodelab.attention`); Inductor compiles the rest (layer norms, residual
-adds, cache writes) under coordinate-descent tuning (`COMPILE`, as gpt-fast sets it). Passes of
-several rows (a prompt, a verification) stay matmuls. On an H200 `fused` missed #18's 3x of the
-floor by 36 us per token (results/reference/cuda-h200/floor-paired/), with a cache-write kernel
-per layer beside the attention kernel. `write_in_attention`, on by default since, has each
-one-token attention read c_attn's row whole and write its own cache slot: no cache-write, no
-query-select and no slot-count kernel per layer, 341 kernels per gpt2-xl step against 436, and
-on one H100 2.303-2.308 against 2.408-2.429 ms per token (results/reference/cuda-h100/
-floor-paired/, calls 6 and 7). `fold_norms` (an option, off) moves GPT-2's layer norms and
-residual adds into the matvec kernels: 96 kernels fewer per gpt2-xl step, but on an H100 its
-products took longer than the kernels it saved.
+adds, the cache writes of passes of several rows) under coordinate-descent tuning (`COMPILE`, as
+gpt-fast sets it). Passes of several rows (a prompt, a verification) stay matmuls. On an H200
+`fused` missed #18's 3x of the floor by 36 us per token
+(results/reference/cuda-h200/floor-paired/), with a cache-write kernel per layer beside the
+attention kernel. `write_in_attention`, on by default since, has each one-token attention read
+c_attn's row whole and write its own cache slot: no cache-write, no query-select and no slot-count
+kernel per layer, 341 kernels per gpt2-xl step against 436, and on one H100 2.303-2.308 against
+2.408-2.429 ms per token (results/reference/cuda-h100/floor-paired/, calls 6 and 7). `fold_norms`
+(an option, off) moves GPT-2's layer norms and residual adds into the matvec kernels: 96 kernels
+fewer per gpt2-xl step, but on an H100 its products took longer than the kernels it saved.
 
 Before the matvec kernel, the GEMVs were Inductor's tuned reductions (`as_linears` alone: Inductor
 makes a one-row `mm` a reduction only under coordinate descent, and GPT-2's `addmm` on an [in,

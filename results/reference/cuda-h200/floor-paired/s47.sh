@@ -5,8 +5,8 @@
 # then the writing kernel's tests and the compiled engines' greedy tokens (tests/test_matvec.py)
 # on the GPU. s47's second call ran it at a751d65 and got an H100 (cuda-h100/floor-paired/call5);
 # s48 ran it as `s47.sh written,fused 320 1` at 149bd46, on an H100 too (call6 there). Engine names
-# as they were before s48 (`written` is today's `fused`, `fused` today's `unwritten`): s48.sh
-# follows it. Usage as s46.sh: bash results/reference/cuda-h200/floor-paired/s47.sh [ENGINES
+# as they were before s48 (`written` is today's `fused`, `fused` today's `unwritten`): the next
+# call is `s47.sh fused,unwritten`. Usage as s46.sh: bash results/reference/cuda-h200/floor-paired/s47.sh [ENGINES
 # [FLOOR_S [TESTS_S]]] (about 530 s as it stands).
 set -uo pipefail
 source results/reference/cuda-h200/floor-paired/setup.sh
