@@ -11,8 +11,9 @@ gpt-fast sets it). Passes of several rows (a prompt, a verification) stay matmul
 (results/reference/cuda-h200/floor-paired/), with a cache-write kernel per layer beside the
 attention kernel. `write_in_attention`, on by default since, has each one-token attention read
 c_attn's row whole and write its own cache slot: no cache-write, no query-select and no slot-count
-kernel per layer, 341 kernels per gpt2-xl step against 436, and on one H100 2.303-2.308 against
-2.408-2.429 ms per token (results/reference/cuda-h100/floor-paired/, calls 6 and 7). `fold_norms`
+kernel per layer, 341 kernels per gpt2-xl step against 436, and on one H100 in one process
+2.298-2.324 against 2.514-2.520 ms per token (results/reference/cuda-h100/floor-paired/, call 8).
+`fold_norms`
 (an option, off) moves GPT-2's layer norms and residual adds into the matvec kernels: 96 kernels
 fewer per gpt2-xl step, but on an H100 its products took longer than the kernels it saved.
 
