@@ -13,9 +13,9 @@ attention kernel. `write_in_attention`, on by default since, has each one-token 
 c_attn's row whole and write its own cache slot: no cache-write, no query-select and no slot-count
 kernel per layer, 341 kernels per gpt2-xl step against 436, and on one H100 in one process
 2.298-2.324 against 2.514-2.520 ms per token (results/reference/cuda-h100/floor-paired/, call 8).
-`fold_norms`
-(an option, off) moves GPT-2's layer norms and residual adds into the matvec kernels: 96 kernels
-fewer per gpt2-xl step, but on an H100 its products took longer than the kernels it saved.
+`fold_norms` (an option, off) moves GPT-2's layer norms and residual adds into the matvec kernels:
+96 kernels fewer per gpt2-xl step, but on an H100 its products took longer than the kernels it
+saved.
 
 Before the matvec kernel, the GEMVs were Inductor's tuned reductions (`as_linears` alone: Inductor
 makes a one-row `mm` a reduction only under coordinate descent, and GPT-2's `addmm` on an [in,
