@@ -71,9 +71,11 @@ DETERMINISTIC = "-deterministic"
 FLOOR_ENGINES = tuple(e for e in graphs.ENGINES if e != "pipelined") + (
     "reductions", "reductions" + ATTEND, "graph" + ATTEND, "compiled" + ATTEND, "linear" + ATTEND,
     "layered", "fused" + DETERMINISTIC, "folded", "unwritten")
-FLOOR_COMPILE = graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE, "linear": {},
-                                          "layered": fused.COMPILE, "folded": fused.COMPILE,
-                                          "unwritten": fused.COMPILE}
+# The floor engines that are `fused.prepare`'s model, by its arguments
+PREPARED = {"fused": {}, "layered": {"ends": False, "write": False}, "folded": {"fold": True},
+            "unwritten": {"write": False}}
+FLOOR_COMPILE = (graphs.COMPILE_OPTIONS | {"reductions": fused.COMPILE, "linear": {}}
+                 | dict.fromkeys(PREPARED, fused.COMPILE))
 # Where a step's device time goes: kernel names by kind, first match wins (Inductor's own
 # kernels, reductions apart from pointwise ones; attention, whose kernels may be CUTLASS ones;
 # cuBLAS and CUTLASS GEMM/GEMV kernels; copies and indexing; the rest).
@@ -290,9 +292,8 @@ def floor_engine(model, name: str, max_len: int, cuda: bool):
     if base == "eager":
         return model
     variant = copy.deepcopy(model)
-    if base in ("fused", "layered", "folded", "unwritten"):
-        fused.prepare(variant, ends=base != "layered", fold=base == "folded",
-                      write=base not in ("layered", "unwritten"))
+    if base in PREPARED:
+        fused.prepare(variant, **PREPARED[base])
     elif base in ("reductions", "linear"):
         fused.as_linears(variant)
     if name.endswith(ATTEND):
@@ -332,8 +333,7 @@ def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
     cuda = device == "cuda"
     # Off CUDA nothing is compiled: `reductions`, `fused` and `linear` run there as their model's
     # changes.
-    uncompiled = ("eager", "graph", "reductions", "fused", "linear", "layered", "folded",
-                  "unwritten")
+    uncompiled = ("eager", "graph", "reductions", "linear", *PREPARED)
     for name in names if cuda else [n for n in names if base_engine(n) in uncompiled]:
         engine = floor_engine(model, name, prompt.shape[1] + budget, cuda)
         start = time.perf_counter()
