@@ -71,17 +71,17 @@ if triton is not None:
                        stat_t, stat_h, D, BLOCK, SPLIT, ENDS, False)
 
     @triton.jit
-    def write_attend_kernel(q, k, v, keep, out, best_out, total_out, new_k, new_v, position,
-                            length, span, scale, q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l,
-                            out_t, out_h, out_s, stat_t, stat_h, D: tl.constexpr,
-                            BLOCK: tl.constexpr, SPLIT: tl.constexpr):
+    def write_attend_kernel(q, k, v, out, best_out, total_out, new_k, new_v, position, length,
+                            span, scale, q_h, q_t, k_h, k_l, v_h, v_l, out_t, out_h, out_s,
+                            stat_t, stat_h, D: tl.constexpr, BLOCK: tl.constexpr,
+                            SPLIT: tl.constexpr):
         """`attend_kernel` for one row whose own key and value, `new_k` and `new_v` (head stride
         q_h), belong in slot `position`, after every slot it sees: the program whose part holds
         it attends to them from its registers and writes them into the cache. (A kernel of its
         own: where `attend_kernel` took unused pointers, Inductor copied what it passed twice,
         47 kernels more per gpt2-xl step on an H100.)"""
-        attend_program(q, k, v, keep, out, best_out, total_out, new_k, new_v, position, length,
-                       span, scale, q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h,
+        attend_program(q, k, v, position, out, best_out, total_out, new_k, new_v, position,
+                       length, span, scale, q_h, q_t, k_h, k_l, v_h, v_l, 0, 0, out_t, out_h,
                        out_s, stat_t, stat_h, D, BLOCK, SPLIT, True, True)
 
     @triton.jit
@@ -89,7 +89,8 @@ if triton is not None:
                        span, scale, q_h, q_t, k_h, k_l, v_h, v_l, keep_t, keep_l, out_t, out_h,
                        out_s, stat_t, stat_h, D: tl.constexpr, BLOCK: tl.constexpr,
                        SPLIT: tl.constexpr, ENDS: tl.constexpr, WRITE: tl.constexpr):
-        """The body of `attend_kernel` (WRITE unset) and `write_attend_kernel`."""
+        """The body of `attend_kernel` (WRITE unset) and `write_attend_kernel` (ENDS set,
+        `keep` unread: the row sees the slots up to `position`)."""
         head = tl.program_id(0)
         row = tl.program_id(1)
         part = tl.program_id(2)
@@ -235,30 +236,33 @@ if triton is not None:
     def attend_pass(query, key, value, keep, scale, span, parts, outs, out_strides, fresh):
         """`attend_kernel`, one program per (head, row, part), or `attend_rows_kernel`, one per
         (head, part), writing `outs`: the output, or the parts' sums and statistics. `fresh`:
-        None, or the new key and value ([H, 1, D], query's strides) and the slot to write them."""
+        None, or the new key and value ([H, 1, D], query's strides) and the slot to write them
+        (`write_attend_kernel`, `keep` None)."""
         heads, rows, dim = query.shape
         length = key.shape[1]
-        ends = keep.dim() == 1
         strides = (query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-                   value.stride(0), value.stride(1), keep.stride(0), 0 if ends else keep.stride(1))
+                   value.stride(0), value.stride(1))
         split = parts > 1
+        if fresh is not None:
+            launch(write_attend_kernel)[(heads, rows, parts)](
+                query, key, value, *outs, *fresh, length, span, scale, *strides, *out_strides,
+                D=dim, BLOCK=BLOCK, SPLIT=split)
+            return
+        ends = keep.dim() == 1
+        strides += (keep.stride(0), 0 if ends else keep.stride(1))
         if shares_rows(rows, dim, length, ends):
             launch(attend_rows_kernel)[(heads, 1, parts)](
                 query, key, value, keep, *outs, rows, length, span, scale, *strides,
                 *out_strides, D=dim, R=max(16, triton.next_power_of_2(rows)), BLOCK=BLOCK,
                 SPLIT=split, IEEE=query.dtype == torch.float32, ENDS=ends)
-        elif fresh is None:
+        else:
             launch(attend_kernel)[(heads, rows, parts)](
                 query, key, value, keep, *outs, length, span, scale, *strides, *out_strides,
                 D=dim, BLOCK=BLOCK, SPLIT=split, ENDS=ends)
-        else:
-            launch(write_attend_kernel)[(heads, rows, parts)](
-                query, key, value, keep, *outs, *fresh, length, span, scale, *strides,
-                *out_strides, D=dim, BLOCK=BLOCK, SPLIT=split)
 
     def attend_into(query, key, value, keep, scale, fresh=None):
-        """query [H, T, D], key and value [H, L, D], keep as `attend`'s: out [T, H, D], the
-        parts' outputs merged where the cache is split."""
+        """query [H, T, D], key and value [H, L, D], keep as `attend`'s (None with `fresh`):
+        out [T, H, D], the parts' outputs merged where the cache is split."""
         heads, rows, dim = query.shape
         length = key.shape[1]
         parts = splits(length)
@@ -296,8 +300,7 @@ if triton is not None:
         slot it sees. Writes its key and value there; out [1, H, D]."""
         heads, dim = pair.shape[2], pair.shape[4]
         query, key, value = row.view(3, heads, 1, dim).unbind(0)
-        return attend_into(query, pair[0, 0], pair[1, 0], position.view(1), scale,
-                           (key, value, position))
+        return attend_into(query, pair[0, 0], pair[1, 0], None, scale, (key, value, position))
 
     @write_attend_op.register_fake
     def _(row, pair, position, scale):
