@@ -33,14 +33,14 @@ def bootstrap_ratio(default, fixed, resamples=5000, seed=0):
 for path in sorted(Path(__file__).parent.glob("call*/eager_layout.jsonl")):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     print(path.parent.name)
-    for condition in ("default", "fixed"):
+    by = {condition: medians(rows, condition) for condition in ("default", "fixed")}
+    for condition, m in by.items():
         within = [cv(r["result"]["step_ms"]) for r in rows if r["condition"] == condition]
-        m = medians(rows, condition)
         print(f"  {condition}: {len(m)} processes, medians {min(m):.2f}-{max(m):.2f} ms, cv "
               f"between {100 * cv(m):.1f}%, median cv within {100 * st.median(within):.1f}%")
     address, n = Counter(r["result"]["model_at"] for r in rows).most_common(1)[0]
     same = [st.median(r["result"]["step_ms"]) for r in rows if r["result"]["model_at"] == address]
     print(f"  {n} processes at {address}: cv {100 * cv(same):.1f}%")
-    low, high = bootstrap_ratio(medians(rows, "default"), medians(rows, "fixed"))
-    ratio = cv(medians(rows, "fixed")) / cv(medians(rows, "default"))
+    low, high = bootstrap_ratio(by["default"], by["fixed"])
+    ratio = cv(by["fixed"]) / cv(by["default"])
     print(f"  cv fixed / default {ratio:.2f}, bootstrap 90% {low:.2f}-{high:.2f}")
