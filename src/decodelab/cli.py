@@ -758,11 +758,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("reports", nargs="+")
     p.set_defaults(func=verification_stats)
 
-    p = verbs.add_parser("verify-figures", help="draw the verification figures")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=verification_figures)
-
     p = verbs.add_parser("bench", help="speculative vs HF assisted vs plain decoding, as ratios")
     p.add_argument("--target-dir", required=True)
     p.add_argument("--draft-dir", required=True)
@@ -781,7 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_dirs", nargs="+")
     p.set_defaults(func=model_table)
 
-    for name, what, func in (("spec", "the speculative-decoding figures", spec_figures),
+    for name, what, func in (("verify", "the verification figures", verification_figures),
+                             ("spec", "the speculative-decoding figures", spec_figures),
                              ("quantized", "the quantized backend's figure", quantized_figures),
                              ("long", "the long-context figures", long_figures),
                              ("batched", "the batched-speculation figures", batched_figures)):
