@@ -6,8 +6,8 @@
 set -euo pipefail
 here=results/reference/cuda-h100/floor-fused
 mkdir -p .gpu .whl
-grep -qx '/.gpu/' .git/info/exclude || echo /.gpu/ >> .git/info/exclude
-grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
+grep -qsx '/.gpu/' .git/info/exclude || echo /.gpu/ >> .git/info/exclude
+grep -qsx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
 cp "$here/attend.sh" "$here/attn_graph.py" .gpu/
 old() { git show "$1:src/decodelab/attention.py" | sed "s/\"decodelab::attend\"/\"$2::attend\"/"; }
 old 982625f old982625f > .gpu/attention_982625f.py
