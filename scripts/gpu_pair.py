@@ -9,8 +9,8 @@ and K), stats/divergence.csv (greedy tokens of the graph engine against the eage
 stats/bandwidth.csv (gpt2-xl and gpt2, float16: each engine's step against the floor, and where the
 step's device time goes, kernel by kind, and where its greedy tokens first part from the eager
 model's, with the eager model's top-2 gap there), stats/tuned.csv (the launch configurations
-Inductor tuned for each compiled engine's kernels) and stats/verdict.csv (the overhead, per
-run). Every step checks the deadline first and is skipped, said so, past it.
+Inductor tuned for each compiled engine's kernels), stats/after_profiler.csv (the first engine
+timed again once every engine's step is profiled) and stats/verdict.csv (the overhead, per run). Every step checks the deadline first and is skipped, said so, past it.
 `--smoke` shrinks everything to a CPU-sized check of this script's logic (nothing captured).
 """
 
@@ -62,8 +62,10 @@ PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # processes (results/reference/cuda-h100/floor-fused/) and `fused` to 2.63 ms beside its 3.17-3.22
 # (results/reference/cuda-h100/floor-matvec/); with the paired cache and per-row slot counts to
 # 2.39 ms beside `layered`'s 2.63 on one card (results/reference/cuda-h100/floor-paired/). On an
-# H200 `fused` took 2.21 ms, `fused-deterministic` 2.25-2.27 beside it
-# (results/reference/cuda-h200/floor-paired/).
+# H200 the `unwritten` engine took 2.21 ms (s45, as `fused`), and today's `fused` 2.08-2.16 ms in
+# two processes (s52; results/reference/cuda-h200/floor-paired/). Until s52 each engine was
+# profiled right after its timing: an engine timed after another's profile ran slower, so those
+# calls' side-by-side ratios favour the engine timed first (time_floors).
 ATTEND = "+attend"
 # Inductor's deterministic mode: no reduction tuned in the process (its block sizes and warps fix
 # the order of a sum, and tuning picked them anew in each process), only what leaves numerics be.
@@ -311,59 +313,87 @@ def parting(model, prompt: torch.Tensor, tokens: list[int], eager: list[int]):
     return at, margin(model, prompt[0].tolist() + eager[:at])
 
 
+@dataclasses.dataclass
+class FloorModel:
+    """An init model set against its bandwidth floors: parameter bytes over the card's peak
+    (PEAK_BANDWIDTH) and over the copy bandwidth measured here; every engine's greedy tokens
+    are checked against its eager ones."""
+    preset: str
+    dtype: torch.dtype
+    device: str
+    model: torch.nn.Module
+    prompt: torch.Tensor
+    eager_tokens: list[int]
+    weight_bytes: int
+    floor: float
+    measured: float
+
+
 @torch.inference_mode()
-def bandwidth(preset: str, dtype: torch.dtype, budget: int, repeats: int,
-              device: str = "cuda", names: tuple[str, ...] = FLOOR_ENGINES) -> list[dict]:
-    """Decode time per token of an init model on each engine of `names`, against parameter
-    bytes over the memory bandwidth (the floor of a memory-bound step): the card's peak
-    (PEAK_BANDWIDTH) and the copy bandwidth measured here; then where a step's device time goes
-    (`step_kernels`). Off CUDA (--smoke) the graph engine runs uncaptured, nothing is compiled,
-    and the kernels are aten ops."""
+def floor_model(preset: str, dtype: torch.dtype, budget: int, device: str) -> FloorModel:
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(sources.preset_config(preset), dtype=dtype)
     model.eval()
-    weight_bytes = parameter_bytes(model)
-    floor = weight_bytes / peak_bandwidth(device)
-    measured = copy_bandwidth(device)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), device=device)
-    eager_tokens = decode(model, prompt, budget).tokens
+    weight_bytes = parameter_bytes(model)
+    return FloorModel(preset, dtype, device, model, prompt, decode(model, prompt, budget).tokens,
+                      weight_bytes, weight_bytes / peak_bandwidth(device), copy_bandwidth(device))
+
+
+def runs_here(name: str, cuda: bool) -> bool:
+    """Off CUDA (--smoke) nothing is compiled: `reductions`, `fused` and `linear` run there as
+    their model's changes, and the engines that only compile are left out."""
+    return cuda or base_engine(name) in ("eager", "graph", "reductions", "linear", *PREPARED)
+
+
+@torch.inference_mode()
+def time_engine(f: FloorModel, name: str, budget: int, repeats: int) -> tuple[list[dict], object]:
+    """`f`'s model on floor engine `name`, warmed up (the graphs' capture, the compilation) and
+    timed (`time_decodes`); the rows and the engine. Off CUDA the graph engine runs uncaptured."""
+    engine = floor_engine(f.model, name, f.prompt.shape[1] + budget, f.device == "cuda")
+    start = time.perf_counter()
+    with math_attention(base_engine(name) == "reductions"):
+        decode(engine, f.prompt, 16)
+    log(f"{f.preset} {name}: warm-up {time.perf_counter() - start:.1f} s")
+    return time_decodes(f, name, engine, budget, repeats), engine
+
+
+@torch.inference_mode()
+def time_decodes(f: FloorModel, name: str, engine, budget: int, repeats: int,
+                 note: str = "") -> list[dict]:
+    """Decode time per token (each decode's median step) over `repeats` decodes, against the
+    floors, and where the greedy tokens part from the eager model's."""
     rows = []
-    cuda = device == "cuda"
-    # Off CUDA nothing is compiled: `reductions`, `fused` and `linear` run there as their model's
-    # changes.
-    uncompiled = ("eager", "graph", "reductions", "linear", *PREPARED)
-    for name in names if cuda else [n for n in names if base_engine(n) in uncompiled]:
-        engine = floor_engine(model, name, prompt.shape[1] + budget, cuda)
-        start = time.perf_counter()
-        with math_attention(base_engine(name) == "reductions"):
-            decode(engine, prompt, 16)  # warm-up (and the graphs' capture, the compilation)
-        log(f"{preset} {name}: warm-up {time.perf_counter() - start:.1f} s")
-        timed = []
-        for r in range(repeats):
-            out = decode(engine, prompt, budget)
-            step = float(pd.Series(out.step_s).median())
-            parted, gap = parting(model, prompt, out.tokens, eager_tokens)
-            timed.append({"model": preset, "dtype": str(dtype).removeprefix("torch."),
-                          "engine": name, "repeat": r, "budget": budget, "step_s": step,
-                          "weight_bytes": weight_bytes, "floor_s": floor,
-                          "over_floor": step / floor, "copy_bandwidth": measured,
-                          "over_measured_floor": step * measured / weight_bytes,
-                          "diverges_from_eager_at": parted,
-                          "eager_margin_there": gap,
-                          "device": torch.cuda.get_device_name() if cuda else device})
-            log(f"{preset} {name}: {step * 1e3:.3f} ms/token, {step / floor:.2f}x the peak's "
-                f"floor, {step * measured / weight_bytes:.2f}x the copy's")
-        try:  # a diagnosis: where the profiler fails, the timings stay
-            kernels = step_kernels(engine, prompt, min(16, budget - 2), cuda)
-            log(f"{preset} {name}: {kernels['kernels_per_step']:.0f} kernels per step, busy "
-                f"{kernels['kernel_s'] / step:.0%} of it; costliest: {kernels['top']}")
-        except RuntimeError as e:
-            log(f"{preset} {name}: no kernel split, the profiler failed: {e}")
-            kernels = {}
-        rows += [kernels | row for row in timed]
+    for r in range(repeats):
+        out = decode(engine, f.prompt, budget)
+        step = float(pd.Series(out.step_s).median())
+        parted, gap = parting(f.model, f.prompt, out.tokens, f.eager_tokens)
+        rows.append({"model": f.preset, "dtype": str(f.dtype).removeprefix("torch."),
+                     "engine": name, "repeat": r, "budget": budget, "step_s": step,
+                     "weight_bytes": f.weight_bytes, "floor_s": f.floor,
+                     "over_floor": step / f.floor, "copy_bandwidth": f.measured,
+                     "over_measured_floor": step * f.measured / f.weight_bytes,
+                     "diverges_from_eager_at": parted, "eager_margin_there": gap,
+                     "device": torch.cuda.get_device_name() if f.device == "cuda" else f.device})
+        log(f"{f.preset} {name}: {step * 1e3:.3f} ms/token, {step / f.floor:.2f}x the peak's "
+            f"floor, {step * f.measured / f.weight_bytes:.2f}x the copy's{note}")
     return rows
+
+
+@torch.inference_mode()
+def split_step(f: FloorModel, name: str, engine, budget: int, step: float) -> dict:
+    """Where a step of `engine` spends its device time (`step_kernels`); {} where the profiler
+    fails: a diagnosis, the timings stay."""
+    try:
+        kernels = step_kernels(engine, f.prompt, min(16, budget - 2), f.device == "cuda")
+    except RuntimeError as e:
+        log(f"{f.preset} {name}: no kernel split, the profiler failed: {e}")
+        return {}
+    log(f"{f.preset} {name}: {kernels['kernels_per_step']:.0f} kernels per step, busy "
+        f"{kernels['kernel_s'] / step:.0%} of it; costliest: {kernels['top']}")
+    return kernels
 
 
 @torch.inference_mode()
@@ -527,30 +557,71 @@ def tuned_configs(root: Path, since: float) -> list[dict]:
     return rows
 
 
+@dataclasses.dataclass
+class Timed:
+    """A floor engine timed on a model, and where its step goes once profiled."""
+    floor: FloorModel
+    name: str
+    engine: object
+    rows: list[dict]
+    kernels: dict = dataclasses.field(default_factory=dict)
+
+
+# Seconds a timed engine's three profiled decodes take, with room to spare (2-3 s on an H200).
+PROFILE_NEEDS = 15
+
+
 def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
                 names: tuple[str, ...]) -> None:
     """Each model on each engine against the floor, written as each finishes: a call that runs
-    out of time keeps the engines already timed. With them, `tuned.csv`: the configurations
-    Inductor tuned for each engine's kernels (`tuned_configs`)."""
+    out of time keeps the engines already timed. Then, once every engine is timed, where each
+    one's step goes (`split_step`): a profiler session leaves CUPTI attached to the process
+    (pytorch/pytorch#144455), and CUDA graphs replayed after one ran slower, more so after each
+    (results/reference/cuda-h200/floor-paired/, s52). With them, `tuned.csv`: the
+    configurations Inductor tuned for each engine's kernels (`tuned_configs`), and
+    `after_profiler.csv`: the first engine timed again after every profile, what that costs."""
     from torch._inductor.runtime.runtime_utils import cache_dir
 
-    rows, tuned = [], []
+    timed, tuned = [], []
+
+    def write():
+        pd.DataFrame([t.kernels | row for t in timed for row in t.rows]).to_csv(
+            out / "stats/bandwidth.csv", index=False)
+
     floors = [("gpt2-tiny", torch.float32, 16, "cpu")] if smoke else [
         ("gpt2-xl", torch.float16, 256, "cuda"), ("gpt2", torch.float16, 256, "cuda")]
     for preset, dtype, budget, device in floors:
-        for name in names:
+        f = None
+        for name in (n for n in names if runs_here(n, device == "cuda")):
             needs = 10 if smoke else FLOOR_NEEDS[preset][base_engine(name)]
-            if deadline.allows(f"{preset} {name} against the bandwidth floor", needs):
-                start = time.time()
-                rows += attempt(f"{preset} {name}", failed, bandwidth, preset, dtype, budget, 3,
-                                device, (name,)) or []
-                pd.DataFrame(rows).to_csv(out / "stats/bandwidth.csv", index=False)
-                if device == "cuda":  # Inductor tunes only Triton kernels
-                    tuned += [{"model": preset, "engine": name} | row
-                              for row in tuned_configs(Path(cache_dir()), start)]
-                if tuned:
-                    pd.DataFrame(tuned).to_csv(out / "stats/tuned.csv", index=False)
-
+            if not deadline.allows(f"{preset} {name} against the bandwidth floor", needs):
+                continue
+            f = f or attempt(f"{preset}'s eager tokens", failed, floor_model, preset, dtype,
+                             budget, device)
+            if f is None:
+                break
+            start = time.time()
+            if got := attempt(f"{preset} {name}", failed, time_engine, f, name, budget, 3):
+                timed.append(Timed(f, name, got[1], got[0]))
+                write()
+            if device == "cuda":  # Inductor tunes only Triton kernels
+                tuned += [{"model": preset, "engine": name} | row
+                          for row in tuned_configs(Path(cache_dir()), start)]
+            if tuned:
+                pd.DataFrame(tuned).to_csv(out / "stats/tuned.csv", index=False)
+    profiles = 0
+    for t in timed:
+        if deadline.allows(f"{t.floor.preset} {t.name}'s kernels", PROFILE_NEEDS):
+            t.kernels = split_step(t.floor, t.name, t.engine, t.rows[0]["budget"],
+                                   t.rows[-1]["step_s"])
+            profiles += 1
+            write()
+    if profiles and deadline.allows("the first engine again, after the profiler", PROFILE_NEEDS):
+        first, note = timed[0], f", again after {profiles} profiler sessions"
+        again = time_decodes(first.floor, first.name, first.engine, first.rows[0]["budget"], 3,
+                             note)
+        pd.DataFrame([row | {"profiler_sessions_before": profiles} for row in again]).to_csv(
+            out / "stats/after_profiler.csv", index=False)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -169,6 +169,27 @@ def test_a_compiled_engines_step_is_profiled_without_its_recompilation():
     assert kernels["top"].count(" us") == 8 and "aten::" in kernels["top"]
 
 
+def test_no_engine_is_timed_after_the_profiler_has_run(tmp_path, monkeypatch):
+    """A profiler session leaves CUPTI attached, and CUDA graphs replayed after it ran slower:
+    every engine is timed before any is profiled, each row still gets its own kernels, and the
+    first engine is timed again after the profiles, to show what they cost."""
+    script, events = gpu_pair(), []
+    for fn, event in (("time_engine", "time"), ("device_time", "profile")):
+        original = getattr(script, fn)
+        monkeypatch.setattr(script, fn, lambda *a, original=original, event=event: (
+            events.append(event), original(*a))[1])
+    (tmp_path / "stats").mkdir()
+    script.time_floors(tmp_path, True, script.Deadline(300), [], ("eager", "graph", "fused"))
+    assert events.count("time") == 3 and events.count("profile") == 9  # 3 decodes per split
+    assert events.index("profile") > max(i for i, e in enumerate(events) if e == "time")
+    df = pd.read_csv(tmp_path / "stats/bandwidth.csv")
+    assert df.groupby("engine").kernels_per_step.nunique().eq(1).all()
+    assert (df.groupby("engine").kernels_per_step.first() > 0).all()
+    again = pd.read_csv(tmp_path / "stats/after_profiler.csv")
+    assert list(again.engine) == ["eager"] * 3 and (again.profiler_sessions_before == 3).all()
+    assert (again.step_s > 0).all() and (again.diverges_from_eager_at == -1).all()
+
+
 def test_a_divergence_is_told_with_the_eager_models_margin_where_it_parts():
     from decodelab.decode import decode, margin
 
