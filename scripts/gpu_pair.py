@@ -10,7 +10,8 @@ stats/bandwidth.csv (gpt2-xl and gpt2, float16: each engine's step against the f
 step's device time goes, kernel by kind, and where its greedy tokens first part from the eager
 model's, with the eager model's top-2 gap there), stats/tuned.csv (the launch configurations
 Inductor tuned for each compiled engine's kernels), stats/after_profiler.csv (the first engine
-timed again once every engine's step is profiled) and stats/verdict.csv (the overhead, per run). Every step checks the deadline first and is skipped, said so, past it.
+timed again once every engine's step is profiled) and stats/verdict.csv (the overhead, per
+run). Every step checks the deadline first and is skipped, said so, past it.
 `--smoke` shrinks everything to a CPU-sized check of this script's logic (nothing captured).
 """
 
