@@ -612,17 +612,20 @@ def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
                 pd.DataFrame(tuned).to_csv(out / "stats/tuned.csv", index=False)
     profiles = 0
     for t in timed:
-        if deadline.allows(f"{t.floor.preset} {t.name}'s kernels", PROFILE_NEEDS):
-            t.kernels = split_step(t.floor, t.name, t.engine, t.rows[0]["budget"],
-                                   t.rows[-1]["step_s"])
+        step = f"{t.floor.preset} {t.name}'s kernels"
+        if deadline.allows(step, PROFILE_NEEDS):
+            t.kernels = attempt(step, failed, split_step, t.floor, t.name, t.engine,
+                                t.rows[0]["budget"], t.rows[-1]["step_s"]) or {}
             profiles += 1
             write()
-    if profiles and deadline.allows("the first engine again, after the profiler", PROFILE_NEEDS):
-        first, note = timed[0], f", again after {profiles} profiler sessions"
-        again = time_decodes(first.floor, first.name, first.engine, first.rows[0]["budget"], 3,
-                             note)
-        pd.DataFrame([row | {"profiler_sessions_before": profiles} for row in again]).to_csv(
-            out / "stats/after_profiler.csv", index=False)
+    step = "the first engine again, after the profiler"
+    if profiles and deadline.allows(step, PROFILE_NEEDS):
+        first = timed[0]
+        again = attempt(step, failed, time_decodes, first.floor, first.name, first.engine,
+                        first.rows[0]["budget"], 3, f", again after {profiles} profiler sessions")
+        if again:
+            pd.DataFrame([row | {"profiler_sessions_before": profiles} for row in again]).to_csv(
+                out / "stats/after_profiler.csv", index=False)
 
 
 if __name__ == "__main__":
