@@ -5,10 +5,17 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from decodelab.configcheck import schema_problem
+from decodelab.yamlsafe import file_problem
 
 min_version("9.5")
 SCHEMA = "workflow/schemas/config.schema.yaml"
 
+# Every config file as plain data of a config's size (decodelab.yamlsafe), before the embedded
+# one is read below and before the config is walked: Snakemake read the --configfile ones while
+# parsing its command line, where the workflow profile's preflight checked them first.
+for _file in workflow.overwrite_configfiles or ["config.yaml"]:
+    if problem := file_problem(_file):
+        raise WorkflowError(problem)
 
 # A --configfile replaces the embedded default instead of merging into it: Snakemake merges
 # nested mappings, which would add the default's models and pairs to another profile's.
@@ -17,7 +24,8 @@ if not workflow.overwrite_configfiles:
     configfile: "config.yaml"
 
 
-# One line naming the key and what is allowed; then Snakemake's validate fills in the defaults.
+# One line naming the key and what is allowed (control characters and NaN anywhere included);
+# then Snakemake's validate fills in the defaults.
 problem = schema_problem(config, Path(workflow.basedir) / SCHEMA)
 if problem:
     raise WorkflowError(problem)

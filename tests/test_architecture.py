@@ -17,8 +17,8 @@ HEAVY = {"torch", "transformers"}
 # Every module of src/decodelab in one layer; a package (decodelab.paper) covers its submodules.
 # Only `measure` (and the CLI, which calls it from inside its verbs) may reach torch.
 LAYERS = {
-    "base": {"errors", "names", "io"},
-    "plan": {"config", "configcheck", "probe", "shapes", "kv_layout"},
+    "base": {"errors", "names", "io", "text"},
+    "plan": {"config", "configcheck", "probe", "shapes", "kv_layout", "sizes", "yamlsafe"},
     "measure": {"devices", "models", "sources", "train", "decode", "sampling", "speculative",
                 "sweep", "study", "equivalence", "verify", "machine", "gguf_convert", "llamacpp",
                 "llamapeer", "graphs", "quantized", "sparse_kv", "longctx", "batched", "refresh",

@@ -418,3 +418,78 @@ def test_verifications_spec_names_a_missing_key_of_its_levels():
             k: v for k, v in spec["real"].items() if k != "top"}}))
     with pytest.raises(DecodelabError, match=r"\(Verification\): missing key 'alpha'"):
         typed(cfg.Verification, spec_json({k: v for k, v in spec.items() if k != "alpha"}))
+
+
+# --- issue 60: the host's name rule, model sizes, KV budgets, config files ----------------------
+
+def test_the_configured_host_follows_the_name_rule():
+    for bad in ("x\n", "a/b", "..", "x" * 1000):
+        with pytest.raises(DecodelabError, match="config 'host': '.*' is not a usable name") as err:
+            cfg.this_host(bad, "ignored")
+        assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+def test_a_kv_budget_as_large_as_every_context_is_refused():
+    config = validated("config/long.yaml")
+    config["long"]["kv_budgets"] = [256, 16384]
+    with pytest.raises(DecodelabError, match=r"config 'long.kv_budgets': 16384 tokens is no sparse "
+                                             r"view of the longest context \(16384, "):
+        cfg.check_long(Settings.from_config(config))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profiles_models_fit_the_default_limits(profile):
+    cfg.check_model_sizes(Settings.from_config(validated(profile)))
+
+
+def test_a_model_past_the_limits_is_refused_when_the_dag_is_built_naming_the_key(tmp_path):
+    config = validated()
+    config["models"]["deep"] = {**config["models"]["target"], "n_layer": 100_000}
+    with pytest.raises(DecodelabError, match=r"config 'models.deep': 100000 layers, more than "
+                                             r"config 'limits.max_layers' \(512\); raise it"):
+        cfg.check_model_sizes(Settings.from_config(config))
+    del config["models"]["deep"]
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "n_layer": 48, "n_embd": 20000, "vocab_size": 50257}))
+    config["models"]["wide"] = {"source": "local", "path": str(tmp_path)}
+    with pytest.raises(DecodelabError, match=r"config 'models.wide': about 2.31e\+11 parameters "
+                                             r"\(48 layers of width 20000, vocabulary 50257\), "
+                                             r"more than config 'limits.max_params' \(4e\+09\)"):
+        cfg.check_model_sizes(Settings.from_config(config))
+    config["limits"] = {"max_params": 10**12, "max_layers": 512}
+    cfg.check_model_sizes(Settings.from_config(config))
+
+
+def test_the_size_estimate_is_within_a_tenth_of_every_presets_real_count():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from decodelab.shapes import PRESETS
+    from decodelab.sizes import estimated_params, spec_fields
+    from decodelab.sources import preset_config
+
+    for preset in PRESETS:
+        with torch.device("meta"):  # counts without allocating
+            model = AutoModelForCausalLM.from_config(preset_config(preset))
+        real = sum(p.numel() for p in model.parameters())
+        estimate = estimated_params(spec_fields({"source": "init", "preset": preset}), preset)
+        assert abs(estimate - real) < 0.1 * real, (preset, estimate, real)
+
+
+def test_load_settings_refuses_a_config_file_that_costs_before_loading_it(tmp_path):
+    items = ["&a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("seed: [" + ", ".join(items) + "]\n")
+    with pytest.raises(DecodelabError, match="holds more than 100000 values once its aliases"):
+        cfg.load_settings(bomb)
+
+
+def test_a_shared_value_counts_once_per_use_in_the_config_walk():
+    from decodelab.configcheck import data_problem
+
+    value = [1]
+    for _ in range(6):
+        value = [value] * 10  # 10^6 uses of one list, a few hundred bytes of objects
+    assert data_problem({"seed": value}).startswith("config holds more than 100000 values")
+    assert data_problem(validated()) is None

@@ -396,3 +396,212 @@ def test_a_host_that_would_write_into_another_tree_is_refused(tree_with_others, 
     out = snakemake(tree_with_others, "-n", "--configfile", str(config), check=False)
     assert refusal(out).startswith(message)
     assert tree_digest(tree_with_others / "results") == before
+
+
+# -----------------------------------------------------------------------------
+# issue 60, round two: names that end in a newline, control characters, numbers without limits,
+# config files that cost or run, an unwritable HOME
+
+
+def edited(edit) -> dict:
+    config = copy.deepcopy(DEFAULT)
+    edit(config)
+    return config
+
+
+@pytest.mark.parametrize("key, edit", [
+    ("host", lambda c: c.__setitem__("host", "x\n")),
+    ("hosts[0]", lambda c: c.__setitem__("hosts", ["mac\n"])),
+    ("sweep.models[0]", lambda c: c["sweep"].__setitem__("models", ["gpt2-tiny\n"])),
+    ("quantized.peer[0]", lambda c: c.setdefault("quantized", {}).__setitem__("peer", ["p\n"])),
+    ("gpu_model", lambda c: c.__setitem__("gpu_model", "H100\n")),
+    ("models.hub.revision", lambda c: c["models"].__setitem__(
+        "hub", {"source": "hf", "repo": "org/m", "revision": "0" * 40 + "\n"})),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_name_with_a_trailing_newline_is_refused_naming_the_key(key, edit):
+    """`$` of a schema pattern matched before a final newline (re.search)."""
+    from decodelab.configcheck import schema_problem
+
+    problem = schema_problem(edited(edit), SCHEMA)
+    assert problem and problem.startswith(f"config '{key}': "), problem
+    assert "\n" not in problem
+
+
+def test_every_pattern_of_the_schema_is_anchored_at_both_ends_of_the_string():
+    schema = yaml.safe_load(SCHEMA.read_text())
+    patterns = [(path, s["pattern"]) for path, s in schema_walk(schema) if "pattern" in s]
+    assert len(patterns) > 10
+    for path, pattern in patterns:
+        assert pattern.startswith("\\A") and pattern.endswith("\\Z"), (path, pattern)
+        assert not re.search(pattern, "a\n") and not re.search(pattern, "org/m\n")
+
+
+@pytest.mark.parametrize("key, edit, code", [
+    ("containers.cpu", lambda c: c.__setitem__("containers", {"cpu": "a\x1b[2J.sif",
+                                                              "cuda": "b.sif"}), "U+001B"),
+    ("models.tiny.path", lambda c: c["models"].__setitem__(
+        "tiny", {"source": "local", "path": "/tmp/a\u2028b"}), "U+2028"),
+    ("models.tiny.preset", lambda c: c["models"].__setitem__(
+        "tiny", {"source": "init", "preset": "gpt2\u200b"}), "U+200B"),
+    ("models.gpt2-tiny.seed", lambda c: c["models"]["gpt2-tiny"].__setitem__("seed", "\x85"),
+     "U+0085"),
+], ids=["escape in an image", "line separator in a path", "zero-width space", "C1 NEL"])
+def test_a_control_character_in_any_string_is_one_line_naming_the_key(key, edit, code):
+    from decodelab.configcheck import schema_problem
+
+    problem = schema_problem(edited(edit), SCHEMA)
+    assert problem == (f"config '{key}': the string holds a control character ({code}, at "
+                       f"position {problem.split('position ')[1]}"), problem
+
+
+def test_every_number_of_the_schema_has_a_minimum_and_a_maximum():
+    """So that a new key cannot slip in unbounded: YAML's .inf passes any minimum."""
+    schema = yaml.safe_load(SCHEMA.read_text())
+    numbers = [(path, s) for path, s in schema_walk(schema)
+               if {"number", "integer"} & set([s["type"]] if isinstance(s.get("type"), str)
+                                              else s.get("type", []))]
+    assert len(numbers) > 80
+    for path, s in numbers:
+        assert {"minimum", "exclusiveMinimum"} & s.keys(), path
+        assert {"maximum", "exclusiveMaximum"} & s.keys(), path
+
+
+@pytest.mark.parametrize("key, value", [
+    ("regimes.threshold", float("nan")),
+    ("stats.confidence", float("nan")),
+    ("models.target.corpus_mb", float("inf")),
+    ("speculative.parallelism.ks[1]", float("nan")),
+    ("stats.stability.cv_between", float("inf")),
+], ids=repr)
+def test_nan_or_infinity_anywhere_is_refused_naming_the_key(key, value):
+    from decodelab.configcheck import schema_problem
+
+    def edit(c):
+        *parents, last = re.findall(r"[\w-]+|\[\d+\]", key)
+        node = c
+        for part in parents:
+            node = node.setdefault(part, {})
+        if last.startswith("["):
+            node[int(last[1:-1])] = value
+        else:
+            node[last] = value
+
+    problem = schema_problem(edited(edit), SCHEMA)
+    assert problem and problem.startswith(f"config '{key}': {value} is not allowed; expected "), \
+        problem
+
+
+def test_yaml_nan_and_inf_in_a_file_are_refused_when_the_dag_is_built(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    config = write_edited(workdir, lambda c: c.setdefault("regimes", {}).__setitem__(
+        "threshold", float("nan")))
+    assert "threshold: .nan" in config.read_text()
+    out = snakemake(workdir, "-n", "--configfile", str(config), check=False)
+    assert refusal(out) == ("config 'regimes.threshold': nan is not allowed; expected a finite "
+                            "number")
+
+
+@pytest.mark.parametrize("key, edit, allowed", [
+    ("sweep.repeats", lambda c: c["sweep"].__setitem__("repeats", 10**9), "<= 100"),
+    ("stats.bootstrap_resamples", lambda c: c.setdefault("stats", {}).__setitem__(
+        "bootstrap_resamples", 10**12), "<= 1000000"),
+    ("sweep.inner_repeats", lambda c: c["sweep"].__setitem__("inner_repeats", 10**7), "<= 1000"),
+    ("verification.exact.vocab_sizes[0]", lambda c: c["verification"].setdefault(
+        "exact", {}).__setitem__("vocab_sizes", [10**9]), "<= 262144"),
+    ("models.target.n_layer", lambda c: c["models"]["target"].__setitem__("n_layer", 100_000),
+     "<= 256"),
+], ids=lambda v: v if isinstance(v, str) and "." in v else "")
+def test_a_number_past_its_maximum_is_refused_naming_the_key_and_the_limit(key, edit, allowed):
+    from decodelab.configcheck import schema_problem
+
+    problem = schema_problem(edited(edit), SCHEMA)
+    assert problem and problem.startswith(f"config '{key}': ") and allowed in problem, problem
+
+
+def bomb(levels: int) -> str:
+    """The classic: each list nine aliases of the one before; `levels` 7 is 4.8M strings."""
+    items = ["&a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(items) + "]"
+
+
+def test_an_alias_bomb_is_refused_before_anything_expands_it(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    config = workdir / "bomb.yaml"
+    config.write_text((ROOT / "config.yaml").read_text().replace(
+        "seed: ", f"seed: {bomb(7)} #", 1))
+    assert config.stat().st_size < 10_000
+    out = snakemake(workdir, "-n", "--configfile", str(config), check=False)
+    assert re.fullmatch(rf"decodelab: config file {re.escape(str(config))}, line \d+: holds "
+                        r"more than 100000 values once its aliases are expanded \(an alias "
+                        r"bomb\?\); a config holds a few hundred", refusal(out))
+
+
+def test_yte_in_a_config_file_never_runs(tmp_path):
+    """Snakemake evaluates a `__use_yte__: true` file's Python while it parses the command line;
+    the workflow profile's preflight refuses the file before that."""
+    workdir = copy_workflow(tmp_path)
+    marker = tmp_path / "ran"
+    config = workdir / "yte.yaml"
+    config.write_text(f"__use_yte__: true\n__definitions__:\n  - open({str(marker)!r}, 'w')\n"
+                      + (ROOT / "config.yaml").read_text())
+    out = snakemake(workdir, "-n", "--configfile", str(config), check=False)
+    assert refusal(out).startswith(f"decodelab: config file {config}, line 1: '__use_yte__' "
+                                   "(YTE templates, which Snakemake evaluates as Python) is not "
+                                   "allowed")
+    assert not marker.exists()
+
+
+def test_without_the_workflow_profile_the_snakefile_still_refuses_yte(tmp_path):
+    """`--workflow-profile none` skips the preflight: Snakemake has run the template by then
+    (nothing here can stop that), but the run goes no further."""
+    workdir = copy_workflow(tmp_path)
+    config = workdir / "yte.yaml"
+    config.write_text("__use_yte__: true\n" + (ROOT / "config.yaml").read_text())
+    out = snakemake(workdir, "-n", "--workflow-profile", "none", "--configfile", str(config),
+                    check=False)
+    assert refusal(out).startswith(f"config file {config}, line 1: '__use_yte__'")
+
+
+def test_a_home_where_snakemake_cannot_cache_is_one_line(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    home = tmp_path / "home"
+    home.write_text("a file, not a directory\n")
+    env = {**os.environ, "HOME": str(home), "PATH": f"{Path(sys.executable).parent}"
+           f"{os.pathsep}{os.environ['PATH']}"}
+    env.pop("XDG_CACHE_HOME", None)
+    out = subprocess.run([SNAKEMAKE, "-n"], cwd=workdir, env=env, capture_output=True,
+                         text=True, timeout=600)
+    line = refusal(out)
+    assert line.startswith(f"decodelab: Snakemake's source cache {home}/.cache/snakemake/")
+    assert line.endswith("cannot be written (Not a directory); set XDG_CACHE_HOME (or HOME) to a "
+                         "writable directory")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("a: !!python/name:os.system x\n", "line 1: tag 'tag:yaml.org,2002:python/name:os.system'"),
+    ("a: !custom x\n", "line 1: tag '!custom' is not allowed"),
+    ("a: " + "[" * 70 + "]" * 70 + "\n", "line 1: nested deeper than 64 levels"),
+    ("a: [unclosed\n", ": not valid YAML ("),
+    ("x: &big [" + ", ".join(["1"] * 1000) + "]\ny: [" + ", ".join(["*big"] * 200) + "]\n",
+     "line 2: holds more than 100000 values"),
+], ids=["python tag", "custom tag", "deep", "invalid", "aliases"])
+def test_a_config_file_is_plain_yaml_of_a_configs_size(tmp_path, text, problem):
+    from decodelab.yamlsafe import file_problem
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert problem in file_problem(path)
+    path.write_text("a: 1\n" + "# " + "x" * (1 << 20) + "\n")
+    assert file_problem(path).endswith("is larger than 1048576 bytes (1 MiB); a config is a few "
+                                       "kilobytes")
+    path.write_text((ROOT / "config.yaml").read_text())
+    assert file_problem(path) is None
+
+
+def test_the_preflight_finds_every_spelling_of_configfile():
+    from decodelab.yamlsafe import configfiles_in
+
+    argv = ["-n", "--configfile", "a.yaml", "b.yaml", "--config", "x=1", "--configf=c.yaml",
+            "--configfiles", "d.yaml", "-c1", "e"]
+    assert configfiles_in(argv) == ["a.yaml", "b.yaml", "c.yaml", "d.yaml"]

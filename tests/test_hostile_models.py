@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import TINY_TRAIN
 from hf_offline import COMMIT, build_hub_cache
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM
 
 import decodelab
@@ -254,7 +255,8 @@ def test_an_hf_snapshot_goes_through_the_same_checks(custom_code_verbs):
 
 @pytest.mark.parametrize("change, says", [
     ({"n_embd": 128}, "cannot be loaded (RuntimeError: "),
-    ({"n_layer": 6}, "its weights lack 24 tensor(s) its config.json needs (transformer.h.4."),
+    # refused before transformers builds the two extra blocks (issue 60)
+    ({"n_layer": 6}, "config.json declares 6 layers (n_layer) but its weights hold 4 blocks"),
 ], ids=["shapes differ", "tensors missing"])
 def test_load_names_the_directory_of_weights_that_do_not_fit_the_config(tmp_path, tiny_dir,
                                                                        change, says):
@@ -424,3 +426,82 @@ def test_prepare_refuses_an_out_that_is_not_a_model_name(tmp_path, name):
         sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1},
                        f"{models_dir}/{name}")
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+# issue 60: a model's size from its config before anything is allocated; a place that cannot be
+# written
+
+
+def test_a_config_json_claiming_more_layers_than_its_weights_hold_is_refused(tmp_path, tiny_dir,
+                                                                             capsys):
+    """transformers would build all 300 blocks (and fill 296 with random values) first; past
+    'limits.max_layers' (2000) the limit refuses it first."""
+    local = copy_model(tiny_dir, tmp_path / "liar")
+    edit_json(local / "config.json", n_layer=300)
+    with pytest.raises(DecodelabError, match=r"config.json declares 300 layers \(n_layer\) but "
+                                             r"its weights hold 4 blocks \(indices 0..3\)"):
+        models.check_model_dir(local, "model")
+    out = tmp_path / "models" / "liar"
+    spec = json.dumps({"source": "local", "path": str(local)})
+    assert cli.main(["prepare-model", "--spec", spec, "--out", str(out)]) == 2
+    assert "config.json declares 300 layers" in capsys.readouterr().err
+    assert not out.exists() and not sources.partial_dir(out).exists()
+    edit_json(local / "config.json", n_layer=2000)
+    with pytest.raises(DecodelabError, match=r"2000 layers, more than config 'limits.max_layers'"):
+        models.check_model_dir(local, "model")
+
+
+def test_a_config_json_past_the_limits_is_refused_before_a_model_is_built(tmp_path, tiny_dir,
+                                                                          monkeypatch):
+    local = copy_model(tiny_dir, tmp_path / "wide")
+    edit_json(local / "config.json", n_embd=200_000)
+    with pytest.raises(DecodelabError, match=r"config.json: about 1.\d+e\+12 parameters .* more "
+                                             r"than config 'limits.max_params' \(4e\+09\)"):
+        models.check_model_dir(local, "model")
+    edit_json(local / "config.json", n_embd=256)
+    monkeypatch.setenv("DECODELAB_LIMITS", json.dumps({"max_params": 10**6, "max_layers": 512}))
+    with pytest.raises(DecodelabError, match=r"more than config 'limits.max_params' \(1e\+06\)"):
+        models.load(local, "cpu")
+
+
+def test_prepare_model_refuses_a_train_spec_too_deep_before_training(tmp_path, capsys):
+    out = tmp_path / "models" / "deep"
+    spec = json.dumps(TINY_TRAIN | {"n_layer": 3000, "n_embd": 8, "n_head": 1})
+    assert cli.main(["prepare-model", "--spec", spec, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "decodelab prepare-model: error: model 'deep': 3000 layers, more than config "
+        "'limits.max_layers' (512); raise it to build a model this deep\n")
+    assert not out.parent.exists()
+
+
+def test_prepare_model_into_a_place_it_cannot_write_is_one_line_and_leaves_nothing(tmp_path,
+                                                                                   capsys):
+    results = tmp_path / "results"
+    results.write_text("a file where results/ should be\n")
+    spec = '{"source": "init", "preset": "gpt2-tiny", "seed": 1}'
+    assert cli.main(["prepare-model", "--spec", spec, "--out", str(results / "models/t")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"decodelab prepare-model: error: model 't': Not a directory: {results}")
+    assert err.count("\n") == 1 and "make " in err
+    assert results.read_text() == "a file where results/ should be\n"
+
+
+@pytest.mark.parametrize("error", [
+    OSError(28, "No space left on device", "model.safetensors"),
+    # what safetensors' writer raises on a full tmpfs
+    SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+], ids=["OSError", "SafetensorError"])
+def test_prepare_model_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys,
+                                                                     monkeypatch, error):
+    def fill(out, spec, label, teacher_dir):
+        (out / "model.safetensors").write_bytes(b"\0" * 1000)
+        raise error
+
+    monkeypatch.setitem(sources.SOURCES, "init", fill)
+    out = tmp_path / "models" / "t"
+    spec = '{"source": "init", "preset": "gpt2-tiny", "seed": 1}'
+    assert cli.main(["prepare-model", "--spec", spec, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decodelab prepare-model: error: model 't': No space left on device: ")
+    assert err.count("\n") == 1 and "free space on its file system" in err
+    assert list((tmp_path / "models").iterdir()) == []

@@ -98,14 +98,15 @@ def test_regime_depth_is_all_or_none(tmp_path):
 
 def test_declared_columns_are_typed(tmp_path):
     (tmp_path / "verification_levels.csv").write_text(
-        "level,check,pair,sampler,p_value,rejected,token\n1,exact,,correct,x,False,7\n")
+        "level,check,pair,sampler,p_value,rejected,token\n1,exact,,correct,,False,7\n")
     levels = tables.read(tmp_path, "verification_levels")
     assert levels["pair"].tolist() == [""] and levels["rejected"].tolist() == [False]
-    assert levels["p_value"].isna().all()  # optional: unparsable numbers are NaN
+    assert levels["p_value"].isna().all()  # an empty number is NaN
     assert levels["token"].tolist() == [7]  # not declared: as pandas reads it
-    (tmp_path / "latency.csv").write_text("budget,median,use_cache\n8,x,true\n")
-    with pytest.raises(ValueError):  # a required table's numbers must parse
-        tables.read(tmp_path, "latency")
+    for name in ("verification_levels", "latency"):  # optional or not, numbers must parse
+        (tmp_path / f"{name}.csv").write_text("budget,median,p_value,use_cache\n8,x,x,true\n")
+        with pytest.raises(DecodelabError, match=r"row 1, column (median|p_value): 'x' is not"):
+            tables.read(tmp_path, name)
 
 
 def test_write_group_refuses_tables_other_than_the_declared_ones(tmp_path):

@@ -19,7 +19,7 @@ from . import tables
 from .errors import DecodelabError
 from .hosts import MANIFEST, RESERVED
 from .kv_layout import min_budget
-from .names import NAME_RULE, is_valid_name
+from .names import NAME_RULE, check_name, is_valid_name
 from .shapes import (
     PRESETS,
     declared_layers,
@@ -27,6 +27,7 @@ from .shapes import (
     position_overrun,
     preset_positions,
 )
+from .sizes import DEFAULT_LIMITS, config_fields, size_problem, spec_fields
 
 
 def frozen(value):
@@ -674,6 +675,14 @@ class Regimes:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Config 'limits': the largest model decodelab builds or loads (decodelab.sizes)."""
+
+    max_params: int = DEFAULT_LIMITS["max_params"]
+    max_layers: int = DEFAULT_LIMITS["max_layers"]
+
+
 PREFLIGHT = ("off", "warn", "wait", "refuse")
 
 
@@ -730,6 +739,7 @@ class Settings:
     stats: Confidence
     stability: Stability
     machine: Machine
+    limits: Limits = Limits()
     quantized: Quantized = Quantized()
     long: Long | None = None  # the stage runs only where config 'long' is given
     batched: Batched | None = None  # likewise config 'batched'
@@ -750,6 +760,7 @@ class Settings:
             stats=Confidence.from_spec(stats),
             stability=Stability.from_spec(config["stats"]["stability"]),
             machine=Machine.from_spec(config["machine"]),
+            limits=build(Limits, config.get("limits", {})),
             quantized=Quantized.from_spec(config.get("quantized", {})),
             long=Long.from_config(config["long"], seed) if config.get("long") else None,
             batched=Batched.from_config(config["batched"], seed) if config.get("batched")
@@ -823,8 +834,8 @@ class Settings:
 def this_host(configured: str | None, hostname: str) -> str:
     """Config 'host', else the machine's hostname: its first label, other characters as '-',
     less any leading ones that cannot start a name."""
-    if configured:
-        return configured
+    if configured is not None:
+        return check_name(configured, "config 'host':")
     label = next((part for part in hostname.split(".") if part), "")
     name = re.sub(r"[^A-Za-z0-9_-]", "-", label)[:64]
     while name and not is_valid_name(name):
@@ -1013,6 +1024,11 @@ def check_long(settings: Settings) -> None:
             raise DecodelabError(f"config '{key}': model {name!r} is a {family} model; the "
                                  "long-context study needs rotary positions (a train model "
                                  "with arch: llama, or the init preset llama-tiny)")
+    longest = max(long.lengths)
+    if max(long.kv_budgets) >= longest:
+        raise DecodelabError(f"config 'long.kv_budgets': {max(long.kv_budgets)} tokens is no "
+                             f"sparse view of the longest context ({longest}, 'long.lengths'); "
+                             "make it smaller")
     if long.verification is not None:
         check_long_verification(long)
 
@@ -1202,6 +1218,30 @@ def known_positions(name: str, spec: Mapping) -> int | None:
     return None
 
 
+def model_fields(name: str, spec: Mapping) -> dict | None:
+    """The config fields the DAG can know of a model: its spec's (init, train), its
+    config.json's (local); None for `hf` (its job checks once downloaded)."""
+    if spec["source"] != "local":
+        return spec_fields(spec)
+    try:
+        return config_fields(Path(spec["path"]).expanduser() / "config.json")
+    except (OSError, ValueError) as err:
+        why = (str(err).splitlines() or [err.__class__.__name__])[0][:100]
+        raise DecodelabError(f"config 'models.{name}.path': its config.json is not readable "
+                             f"({why})") from None
+
+
+def check_model_sizes(settings: Settings) -> None:
+    """Every model whose shape the DAG knows fits config 'limits', before any job allocates
+    it."""
+    for name, spec in settings.models.items():
+        fields = model_fields(name, spec)
+        problem = fields and size_problem(fields, asdict(settings.limits),
+                                          f"config 'models.{name}'")
+        if problem:
+            raise DecodelabError(problem)
+
+
 def check_positions(settings: Settings, needs: Mapping[str, tuple[int, str]]) -> None:
     """Fail before any job when a sequence would overrun a learned position table."""
     for name, spec in settings.models.items():
@@ -1238,7 +1278,10 @@ def load_settings(path: str | Path, schema: str | Path = SCHEMA) -> Settings:
     import yaml
 
     from .configcheck import schema_problem, with_defaults
+    from .yamlsafe import file_problem
 
+    if problem := file_problem(path):
+        raise DecodelabError(problem)
     config = yaml.safe_load(Path(path).read_text())
     problem = schema_problem(config, schema)
     if problem:

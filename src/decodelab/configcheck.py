@@ -3,12 +3,18 @@
 `jsonschema`'s own message is the failing value and a dump of the whole subschema, which for a
 model entry runs to 60 lines and never names the key. `schema_problem` names the key path
 (`models.x.revision`), the value, and what is allowed in words (the name rule for names).
+
+Before the schema, `data_problem` walks the whole config once: what no schema keyword refuses
+(NaN passes every bound; a control character passes a `pattern` that lets anything else through)
+and what would make a walk expensive (values shared through YAML aliases, walked once per use).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
+import unicodedata
 from pathlib import Path
 
 import yaml
@@ -24,6 +30,8 @@ SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def schema_problem(config: dict, schema_path: str | Path) -> str | None:
     """One line describing the first problem of `config`, and how many others there are."""
+    if problem := data_problem(config):
+        return problem
     schema = yaml.load(Path(schema_path).read_text(), Loader=SAFE_LOADER)
     errors = sorted(Draft202012Validator(schema).iter_errors(config),
                     key=lambda e: (len(e.absolute_path), key_path(e.absolute_path)))
@@ -33,10 +41,49 @@ def schema_problem(config: dict, schema_path: str | Path) -> str | None:
     return describe(errors[0]) + more
 
 
+MAX_VALUES = 100_000  # a config holds a few hundred; decodelab.yamlsafe bounds its files alike
+# Unicode's control, format and line/paragraph separator characters: C0, C1 and DEL among them.
+CONTROL = {"Cc", "Cf", "Zl", "Zp"}
+
+
+def data_problem(config) -> str | None:
+    """The first string (key or value) holding a control character, or number that is not
+    finite, anywhere in `config`, naming its key path; every use of a shared value counts
+    towards MAX_VALUES."""
+    stack, seen = [((), config)], 0
+    while stack:
+        path, value = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            return (f"config holds more than {MAX_VALUES} values (aliases counted once per use); "
+                    "a config holds a few hundred")
+        if isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if why := control_char(key):
+                    return f"config {quoted(path)}: a key holds {why}"
+                stack.append(((*path, key), item))
+        elif isinstance(value, list | tuple):
+            stack.extend(((*path, i), item) for i, item in reversed(list(enumerate(value))))
+        elif isinstance(value, str) and (why := control_char(value)):
+            return f"config {quoted(path)}: the string holds {why}; strings here are one line"
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"config {quoted(path)}: {value} is not allowed; expected a finite number"
+    return None
+
+
+def control_char(text) -> str | None:
+    if not isinstance(text, str) or (text.isascii() and text.isprintable()):
+        return None
+    for i, ch in enumerate(text):
+        if unicodedata.category(ch) in CONTROL:
+            return f"a control character (U+{ord(ch):04X}, at position {i})"
+    return None
+
+
 def describe(error: ValidationError) -> str:
     path, schema, value = list(error.absolute_path), error.schema, error.instance
     if "propertyNames" in error.absolute_schema_path:
-        return f"config {quoted(path)}: {value!r} is not a usable name: {NAME_RULE}"
+        return f"config {quoted(path)}: {shown(value)} is not a usable name: {NAME_RULE}"
     if error.validator == "additionalProperties":
         known = ", ".join(schema.get("properties", {}))
         unknown = [k for k in value if k not in schema.get("properties", {})]
@@ -53,6 +100,8 @@ def key_path(path) -> str:
     """models.x.revision, backends[1]"""
     out = ""
     for part in path:
+        if not isinstance(part, int) and len(str(part)) > 40:
+            part = str(part)[:37] + "..."
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
@@ -62,7 +111,11 @@ def quoted(path) -> str:
 
 
 def shown(value, width: int = 60) -> str:
-    text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+    """`value` in at most `width` characters."""
+    if isinstance(value, str):
+        text = repr(value if len(value) <= width else value[:width])
+    else:
+        text = json.dumps(value, default=str)
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
@@ -107,7 +160,7 @@ def array_words(schema: dict) -> str:
 def bounds(schema: dict) -> str:
     signs = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<",
              "minLength": "of length >="}
-    return "".join(f" {sign} {schema[key]}" for key, sign in signs.items() if key in schema)
+    return " and".join(f" {sign} {schema[key]}" for key, sign in signs.items() if key in schema)
 
 
 def with_defaults(instance, schema: dict):

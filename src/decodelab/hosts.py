@@ -11,31 +11,40 @@ the required tables and their columns as `decodelab.tables` declares them (`requ
 
 A committed reference run (`results/reference/<name>/`) has the same `stats/` layout plus a
 README. `import_host` copies another host's directory (or a tarball of it) into
-`results/<host>/` atomically, after checking the layout, that it holds only regular files
-within size bounds, and that every table reads; `merge` puts every host's tables into one
-directory for the paper, a `host` column on every row.
+`results/<host>/` atomically. A tarball's headers are checked before anything is unpacked
+(and tarfile reads no extended header past a small bound); a directory's files are each opened
+once without following a link and copied from that descriptor, the bounds counted as they are
+copied. Then the staged copy, and only it, is checked: the layout, every table readable within
+a shape bound, every cell typesettable by the paper, every declared number a finite number,
+runs.parquet decodable within a bound. `merge` reads every host's tables under the same bounds
+and writes one directory for the paper, a `host` column on every row, all tables or none.
+A full or read-only disk ends either in one error line and nothing written.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import lzma
 import os
-import shutil
 import stat
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from . import tables
 from .errors import DecodelabError
 from .io import write_table
 from .names import check_name
+from .text import check_cells
 
 COPIED = ("stats", "figures", "verification", "runs.parquet", "settings.json")  # what is imported
 RESERVED = ("reference", "combined", "paper", "models", "bench", "gguf")  # results/<x> not a host
@@ -51,10 +60,20 @@ QUALIFIED = ("backend", "pair")  # names that two hosts may share: qualified as 
 
 @dataclass(frozen=True)
 class Bounds:
-    """What one import may hold; a tarball's members count as declared, before unpacking."""
+    """What one import may hold; a tarball's members count as declared, before unpacking.
+    max_files counts every entry, directories too."""
     max_bytes: int = 512 * 2**20
     max_file_bytes: int = 64 * 2**20
     max_files: int = 10_000
+
+
+WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # of the disk written, never a source's
+MAX_DEPTH = 32  # folders deep: a walk holds one descriptor per level
+MAX_TAR_HEADER = 64 * 2**10  # tarfile reads a long name or pax record whole, as big as declared
+MAX_COLUMNS = 1000  # a table's columns, and its cells (rows x columns), before pandas parses it
+MAX_CELLS = 2**21
+PARQUET_EXPANSION = 8  # runs.parquet may decode to this many times --max-file-bytes
+CHUNK = 2**20
 
 
 def check_host_name(host: str) -> str:
@@ -86,12 +105,15 @@ def missing_files(root: Path) -> list[str]:
             if not (root / "stats" / f"{name}.csv").is_file()]
 
 
-def check_layout(root: Path, what: str) -> Path:
+def check_layout(root: Path, what: str, shown: Path | None = None) -> Path:
+    """`root` holds the required tables; `shown` names it in the error (a staged copy's
+    source)."""
     missing = missing_files(root)
     if missing:
         raise DecodelabError(
-            f"{what} {root} is not a host's results directory: missing {', '.join(missing)} "
-            f"(a host's results/<host>/ holds stats/{{{','.join(tables.required())}}}.csv)")
+            f"{what} {shown or root} is not a host's results directory: missing "
+            f"{', '.join(missing)} (a host's results/<host>/ holds "
+            f"stats/{{{','.join(tables.required())}}}.csv)")
     return Path(root)
 
 
@@ -125,72 +147,263 @@ def member_kind(member: tarfile.TarInfo) -> str:
     return "special file"
 
 
-def tree_entries(root: Path) -> Iterator[tuple[str, str, int]]:
-    """(path relative to root, kind, size) of what an import copies, links never followed."""
-    todo = [name for name in COPIED if os.path.lexists(root / name)]
-    while todo:
-        rel = todo.pop()
-        st = (root / rel).lstat()
-        yield rel, stat_kind(st.st_mode), st.st_size
-        if stat.S_ISDIR(st.st_mode):
-            todo += [f"{rel}/{name}" for name in sorted(os.listdir(root / rel), reverse=True)]
+class Tally:
+    """An import's entries and bytes against its bounds: each entry as a tarball header
+    declares it or as the walk finds it, each file's bytes as declared or as copied."""
 
+    def __init__(self, what: str, bounds: Bounds):
+        self.what, self.bounds, self.entries, self.bytes = what, bounds, 0, 0
 
-def tar_entries(tar: tarfile.TarFile) -> Iterator[tuple[str, str, int]]:
-    for member in tar:  # one header at a time: a refusal stops before the rest is read
-        yield member.name, member_kind(member), member.size
-
-
-def check_entries(entries: Iterable[tuple[str, str, int]], what: str, bounds: Bounds
-                  ) -> list[str]:
-    """The regular files among `entries`; an error at the first link, special file, path
-    out of the tree, or file over the bounds."""
-    files, total = [], 0
-    for rel, kind, size in entries:
-        if rel.startswith("/") or ".." in rel.split("/"):
-            raise DecodelabError(f"{what}: {rel} points outside the tree")
+    def entry(self, rel: str, kind: str) -> None:
+        parts = [p for p in rel.split("/") if p not in ("", ".")]
+        if rel.startswith("/") or ".." in parts:
+            raise DecodelabError(f"{self.what}: {rel} points outside the tree")
+        if not parts and kind != "directory":
+            raise DecodelabError(f"{self.what}: a {kind} with an empty name; pack the host's "
+                                 "folder again (e.g. tar czf host.tgz -C results <host>)")
+        if len(parts) > MAX_DEPTH:
+            raise DecodelabError(f"{self.what}: {rel} is nested deeper than {MAX_DEPTH} "
+                                 "folders; a host's results are not")
         if kind not in ("file", "directory"):
-            raise DecodelabError(
-                f"{what}: {rel} is a {kind}; an import takes regular files and directories "
-                "only (copy what it points to into the tree)")
-        if kind == "directory":
-            continue
-        files.append(rel)
-        total += size
-        if size > bounds.max_file_bytes:
-            raise DecodelabError(f"{what}: {rel} holds {size} bytes, more than the "
-                                 f"{bounds.max_file_bytes} a file may (--max-file-bytes)")
-        if total > bounds.max_bytes:
-            raise DecodelabError(f"{what} holds more than {bounds.max_bytes} bytes "
-                                 f"(--max-bytes): {total} up to {rel}")
-        if len(files) > bounds.max_files:
-            raise DecodelabError(
-                f"{what} holds more than {bounds.max_files} files (--max-files)")
-    return files
+            raise self.refusal(rel, kind)
+        self.entries += 1
+        if self.entries > self.bounds.max_files:
+            raise DecodelabError(f"{self.what} holds more than {self.bounds.max_files} "
+                                 "files and directories (--max-files)")
+
+    def refusal(self, rel: str, kind: str) -> DecodelabError:
+        return DecodelabError(f"{self.what}: {rel} is a {kind}; an import takes regular files "
+                              "and directories only (copy what it points to into the tree)")
+
+    def room(self) -> int:
+        """The most bytes the next file may hold."""
+        return min(self.bounds.max_file_bytes, self.bounds.max_bytes - self.bytes)
+
+    def add(self, rel: str, size: int) -> None:
+        if size > self.bounds.max_file_bytes:
+            raise DecodelabError(f"{self.what}: {rel} holds {size} bytes, more than the "
+                                 f"{self.bounds.max_file_bytes} a file may (--max-file-bytes)")
+        self.bytes += size
+        if self.bytes > self.bounds.max_bytes:
+            raise DecodelabError(f"{self.what} holds more than {self.bounds.max_bytes} bytes "
+                                 f"(--max-bytes): {self.bytes} up to {rel}")
+
+
+# -- a tarball: every header checked before anything is unpacked
+
+class TarHeaderBomb(Exception):
+    pass
+
+
+def refuse_sparse(self, *args):
+    raise TarHeaderBomb(f"{self.name} is a sparse file: an import takes regular files only")
+
+
+class BoundedTarInfo(tarfile.TarInfo):
+    """A header whose extension tarfile reads into memory whole (a GNU long name, a pax
+    record) only when it declares at most MAX_TAR_HEADER bytes; no sparse maps, whose length
+    is the member's to declare. tarfile's own hook for custom _proc_* methods."""
+
+    def _proc_member(self, tarfile_):
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            refuse_sparse(self)
+        if self.type in EXTENDED_HEADERS and self.size > MAX_TAR_HEADER:
+            raise TarHeaderBomb(
+                f"an extended header ({EXTENDED_HEADERS[self.type]}) declares {self.size} "
+                f"bytes, more than the {MAX_TAR_HEADER} a header may; pack the host's folder "
+                "again with plain tar")
+        return super()._proc_member(tarfile_)
+
+    _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = refuse_sparse
+
+
+EXTENDED_HEADERS = {tarfile.GNUTYPE_LONGNAME: "GNU long name",
+                    tarfile.GNUTYPE_LONGLINK: "GNU long link", tarfile.XHDTYPE: "pax",
+                    tarfile.XGLTYPE: "pax global", tarfile.SOLARIS_XHDTYPE: "Solaris pax"}
+
+
+def check_members(tar: tarfile.TarFile, tally: Tally) -> None:
+    for member in tar:  # one header at a time: a refusal stops before the rest is read
+        kind = member_kind(member)
+        tally.entry(member.name, kind)
+        if kind == "file":
+            tally.add(member.name, member.size)
 
 
 def unpack(tarball: Path, into: Path, bounds: Bounds) -> Path:
     """Check every member's header, then unpack: nothing reaches the disk before the bounds
-    hold and no link is ever made."""
+    hold and no link is ever made. An error writing `into` is left to the caller."""
+    what = f"tarball {tarball}"
     try:
-        with tarfile.open(tarball) as tar:
-            check_entries(tar_entries(tar), f"tarball {tarball}", bounds)
+        with open(tarball, "rb") as raw, tarfile.open(fileobj=raw,
+                                                      tarinfo=BoundedTarInfo) as tar:
+            check_members(tar, Tally(what, bounds))
             tar.extractall(into, filter="data")
-    except (tarfile.TarError, OSError, EOFError) as err:
+    except TarHeaderBomb as err:
+        raise DecodelabError(f"{what}: {err}") from None
+    except RecursionError:
+        raise DecodelabError(f"{what}: extended headers nested too deep to read") from None
+    except OSError as err:
+        if writing(err, into):
+            raise
+        raise DecodelabError(f"cannot unpack {tarball}: {err}") from err
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as err:
         raise DecodelabError(f"cannot unpack {tarball}: {err}") from err
     return find_root(into)
 
 
-def copy_files(src: Path, files: list[str], dest: Path) -> None:
-    for rel in files:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / rel, dest / rel, follow_symlinks=False)
+# -- a directory: each file opened once, links never followed, copied within the bounds
+
+def writing(err: OSError, dest: Path) -> bool:
+    """Whether `err` came from writing under `dest` rather than from reading the source."""
+    return err.errno in WRITE_ERRORS or (
+        err.filename is not None and Path(os.fsdecode(err.filename)).is_relative_to(dest))
 
 
-def read_csv_text(path: Path, what: str) -> pd.DataFrame | None:
+class Changed(Exception):
+    """An entry that is no longer what the walk listed: (path, kind now, kind then)."""
+
+
+def kind_now(name: str, dir_fd: int) -> str:
+    try:
+        return stat_kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return "missing entry"
+
+
+def open_no_follow(name: str, dir_fd: int, rel: str, was: str) -> int:
+    """A descriptor on `name`, the `was` that the walk listed, or Changed: a link is never
+    followed (O_NOFOLLOW), a fifo never waited on (O_NONBLOCK)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags | (os.O_DIRECTORY if was == "directory" else 0),
+                     dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):  # a link, file, socket now
+            raise Changed(rel, kind_now(name, dir_fd), was) from err
+        raise
+    kind = stat_kind(os.fstat(fd).st_mode)
+    if kind != was:
+        os.close(fd)
+        raise Changed(rel, kind, was)
+    return fd
+
+
+def tree_entries(dir_fd: int, names: Iterable[str], prefix: str = ""
+                 ) -> Iterator[tuple[str, str, int, str]]:
+    """(path relative to the source, kind, its folder's descriptor, name) of what an import
+    copies, by lstat. A folder is opened, without following a link, after it is yielded:
+    one swapped for a link since is refused, not walked."""
+    for name in names:
+        rel = prefix + name
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # an optional part of the layout
+        kind = stat_kind(st.st_mode)
+        yield rel, kind, dir_fd, name
+        if kind == "directory":
+            fd = open_no_follow(name, dir_fd, rel, kind)
+            try:
+                yield from tree_entries(fd, sorted(os.listdir(fd)), rel + "/")
+            finally:
+                os.close(fd)
+
+
+def copy_from(fd: int, target: Path, limit: int) -> int:
+    """Copy up to `limit` bytes from `fd` into a new file `target`; the bytes copied."""
+    copied, out = 0, os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        while copied < limit and (chunk := os.read(fd, min(CHUNK, limit - copied))):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view):]
+            copied += len(chunk)
+    finally:
+        os.close(out)
+    return copied
+
+
+def copy_file(dir_fd: int, name: str, rel: str, target: Path, tally: Tally) -> None:
+    """Copy one file through the descriptor it is checked on: what lands is what passed."""
+    fd = open_no_follow(name, dir_fd, rel, "file")
+    try:
+        limit = tally.room() + 1  # a byte past the bound tells a file over it
+        size = os.fstat(fd).st_size
+        if size < limit:
+            size = copy_from(fd, target, limit)
+            if size == limit:  # it grew past the bound since: say by how much
+                size = max(size, os.fstat(fd).st_size)
+        tally.add(rel, size)
+    finally:
+        os.close(fd)
+
+
+def copy_tree(root: Path, dest: Path, what: str, bounds: Bounds) -> list[str]:
+    """Copy what an import takes from `root` into a new `dest`, every entry counted against
+    the bounds; the files copied, relative to dest."""
+    tally, files, rel = Tally(what, bounds), [], "."
+    dest.mkdir()
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        raise DecodelabError(f"{what}: cannot read it ({err.strerror})") from err
+    try:
+        for rel, kind, dir_fd, name in tree_entries(root_fd, COPIED):
+            tally.entry(rel, kind)
+            if kind == "directory":
+                (dest / rel).mkdir()
+            else:
+                copy_file(dir_fd, name, rel, dest / rel, tally)
+                files.append(rel)
+    except Changed as change:
+        rel, kind, was = change.args
+        raise DecodelabError(f"{what}: {rel} is a {kind} now, not the {was} it was when "
+                             "listed; import from a folder that nothing is changing") from None
+    except OSError as err:
+        if writing(err, dest):
+            raise
+        raise DecodelabError(f"{what}: cannot read {rel} ({err.strerror}); fix its "
+                             "permissions and import again") from err
+    finally:
+        os.close(root_fd)
+    return files
+
+
+# -- every table reads, and holds what the paper can typeset
+
+def read_bounded(path: Path, what: str, limit: int) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise DecodelabError(f"{what} holds more than {limit} bytes (--max-file-bytes)")
+    return data
+
+
+def check_shape(text: str, what: str) -> None:
+    """Refuse a table pandas would spend seconds and GiBs on: more than MAX_COLUMNS columns,
+    or MAX_CELLS cells (it pads every row to the header). Counted from above: a quoted comma
+    or newline counts as a column or a row."""
+    end = text.find("\n")  # the header's line, counted in place rather than copied
+    end = len(text) if end < 0 else end
+    if text.count('"', 0, end) % 2:
+        raise DecodelabError(f"{what}: its header runs past its first line (a newline in a "
+                             "quoted column name); a table's column names are one line")
+    columns = text.count(",", 0, end) + 1
+    rows = text.count("\n") - text.endswith("\n")  # below the header
+    if columns > MAX_COLUMNS:
+        raise DecodelabError(f"{what} has {columns} columns, more than the {MAX_COLUMNS} a "
+                             "table may")
+    if rows * columns > MAX_CELLS:
+        raise DecodelabError(f"{what} has {rows} rows x {columns} columns, more than the "
+                             f"{MAX_CELLS} cells a table may")
+
+
+def read_csv_text(path: Path, what: str, limit: int = Bounds.max_file_bytes, **kwargs
+                  ) -> pd.DataFrame | None:
     """The table at `path`, None when the file is empty; an error naming the file when it is
-    not UTF-8 text or does not parse."""
-    data = path.read_bytes()
+    over `limit` bytes or its shape's bounds, not UTF-8 text, or does not parse."""
+    data = read_bounded(path, what, limit)
     if b"\0" in data:
         raise DecodelabError(f"{what} holds NUL bytes: binary, not CSV text")
     try:
@@ -200,44 +413,109 @@ def read_csv_text(path: Path, what: str) -> pd.DataFrame | None:
                              f"offset {err.start})") from err
     if not text.strip():
         return None
+    check_shape(text, what)
     try:
-        return pd.read_csv(io.StringIO(text))
+        return pd.read_csv(io.StringIO(text), **kwargs)
     except (pd.errors.ParserError, ValueError) as err:
         raise DecodelabError(f"{what} does not parse as CSV: "
                              f"{str(err).strip().splitlines()[-1]}") from err
 
 
-def check_table(path: Path, what: str, columns: tuple[str, ...] | None) -> None:
-    df = read_csv_text(path, what)
-    if columns is None:
-        return  # an optional table may be empty, as the merge reads it
+def non_number(df: pd.DataFrame, columns: Iterable[str]) -> tuple[int, str, str] | None:
+    """(row, column, value) of the first cell of `columns` that is neither empty nor a finite
+    number."""
+    first = None
+    for column in [c for c in columns if c in df.columns]:
+        cells = df[column]
+        numbers = pd.to_numeric(cells.where(cells != ""), errors="coerce").astype(float)
+        bad = ((cells != "") & ~np.isfinite(numbers)).to_numpy().nonzero()[0]
+        if len(bad) and (first is None or bad[0] < first[0]):
+            first = bad[0], column
+    if first is None:
+        return None
+    row, column = first
+    return row + 1, column, df[column].iloc[row]
+
+
+def check_table(path: Path, what: str, table: tables.Table | None, limit: int) -> None:
+    """The table reads, every cell typesets, its declared numbers are numbers and the host
+    contract's columns are there."""
+    df = read_csv_text(path, what, limit, dtype=str, keep_default_na=False)
+    columns = table.required if table else None
     if df is None:
+        if columns is None:
+            return  # an optional table may be empty, as the merge reads it
         raise DecodelabError(f"{what} is empty; it needs a header with {', '.join(columns)}")
-    missing = [c for c in columns if c not in df.columns]
+    if not isinstance(df.index, pd.RangeIndex):  # rows one field longer: pandas' index
+        df = df.reset_index()
+    check_cells(df, what, ": replace it on the host and export again")
+    if table and (bad := non_number(df, table.numeric)):
+        row, column, value = bad
+        raise DecodelabError(f"{what} row {row}, column {column}: {value[:40]!r} is not a "
+                             "finite number, which the paper reads there (write one, or "
+                             "leave the cell empty)")
+    missing = [c for c in columns or () if c not in df.columns]
     if missing:
         raise DecodelabError(f"{what} lacks the column(s) {', '.join(missing)} that the merge "
                              f"and the paper read (it needs {', '.join(columns)})")
 
 
-def check_parquet(path: Path, what: str) -> None:
+def decoded_bytes(batch) -> int:
+    """What `batch` takes with its dictionary-encoded strings spelled out."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = 0
+    for column in batch.columns:
+        if pa.types.is_dictionary(column.type):
+            lengths = pc.take(pc.binary_length(column.dictionary), column.indices)
+            total += (pc.sum(lengths).as_py() or 0) + 8 * len(column)
+        else:
+            total += column.nbytes
+    return total
+
+
+def check_parquet(path: Path, what: str, bounds: Bounds) -> None:
+    """Every page decodes, to at most PARQUET_EXPANSION x --max-file-bytes: first as the
+    footer declares it (8 bytes a value, or the pages' uncompressed size), before any page is
+    read; then as decoded, a batch at a time, strings kept dictionary-encoded meanwhile."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    limit = PARQUET_EXPANSION * bounds.max_file_bytes
+    refusal = (f"more than the {limit} bytes an import decodes ({PARQUET_EXPANSION} x "
+               "--max-file-bytes)")
     try:
-        for _ in pq.ParquetFile(path).iter_batches():  # every page decoded, a batch at a time
-            pass
+        parquet = pq.ParquetFile(path)
+        meta = parquet.metadata
+        chunks = [meta.row_group(g).column(c) for g in range(meta.num_row_groups)
+                  for c in range(meta.num_columns)]
+        values = sum(c.num_values for c in chunks)
+        stored = sum(c.total_uncompressed_size for c in chunks)
+        if max(8 * values, stored) > limit:
+            raise DecodelabError(f"{what} declares {values} values ({meta.num_rows} rows x "
+                                 f"{meta.num_columns} columns), {stored} bytes uncompressed: "
+                                 f"{refusal}")
+        strings = [f.name for f in parquet.schema_arrow if pa.types.is_string(f.type)
+                   or pa.types.is_binary(f.type) or pa.types.is_large_string(f.type)]
+        decoded = 0
+        for batch in pq.ParquetFile(path, read_dictionary=strings).iter_batches(4096):
+            decoded += decoded_bytes(batch)
+            if decoded > limit:
+                raise DecodelabError(f"{what} decodes to {refusal}")
     except (OSError, ValueError, pa.ArrowException) as err:
         raise DecodelabError(f"{what} is not a readable parquet file: {err}") from err
 
 
-def check_contents(root: Path, what: str) -> None:
-    """Every table parses as the merge and the paper will read it."""
-    required = tables.required()
+def check_contents(root: Path, what: str, bounds: Bounds) -> None:
+    """Every table parses as the merge and the paper will read it, and holds only what the
+    paper can typeset; runs.parquet decodes within the bounds."""
+    declared = {t.name: t for t in tables.TABLES}
     for path in sorted((root / "stats").rglob("*.csv")):
-        columns = required.get(path.stem) if path.parent == root / "stats" else None
-        check_table(path, f"{what}: {path.relative_to(root)}", columns)
+        table = declared.get(path.stem) if path.parent == root / "stats" else None
+        check_table(path, f"{what}: {path.relative_to(root)}", table, bounds.max_file_bytes)
     if (root / "runs.parquet").exists():
-        check_parquet(root / "runs.parquet", f"{what}: runs.parquet")
+        check_parquet(root / "runs.parquet", f"{what}: runs.parquet", bounds)
 
 
 def swap_into_place(staged: Path, dest: Path, old: Path) -> None:
@@ -251,13 +529,20 @@ def swap_into_place(staged: Path, dest: Path, old: Path) -> None:
         raise DecodelabError(f"cannot move the import into {dest}: {err}") from err
 
 
+def write_failure(err: OSError, where: Path, verb: str) -> DecodelabError:
+    path = f" ({err.filename})" if err.filename else ""
+    return DecodelabError(f"cannot write into {where}: {err.strerror or err}{path}; free space "
+                          f"on its disk or make it writable, then {verb} again (nothing was "
+                          "written)")
+
+
 def import_host(source: Path, host: str, results: Path = Path("results"),
                 replace: bool = False, bounds: Bounds = Bounds()) -> Path:
     """Copy another host's results (a directory or a tarball) into results/<host>/ atomically.
 
-    The copy is checked (no links or special files, within `bounds`, every table readable),
-    assembled beside the destination and renamed into place, so a failed import leaves
-    nothing behind and an interrupted one never leaves half a host.
+    The copy is checked (no links or special files, within `bounds`, every table readable
+    and typesettable) as staged beside the destination, then renamed into place, so a failed
+    import leaves nothing behind and an interrupted one never leaves half a host.
     """
     check_host_name(host)
     source, results = Path(source), Path(results)
@@ -266,20 +551,22 @@ def import_host(source: Path, host: str, results: Path = Path("results"),
     dest = results / host
     check_replaceable(dest, replace)
     what = f"import source {source}"
-    results.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=results, prefix=f".import-{host}-") as tmp:
-        tmp = Path(tmp)
-        root = unpack(source, tmp / "unpacked", bounds) if source.is_file() else source
-        files = check_entries(tree_entries(check_layout(root, "import source")), what, bounds)
-        staged = tmp / "staged"
-        staged.mkdir()
-        copy_files(root, files, staged)
-        check_contents(staged, what)
-        manifest = {"host": host, "imported_from": str(source.resolve()),
-                    "imported_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "files": sorted(files)}
-        (staged / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        swap_into_place(staged, dest, tmp / "old")
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=results, prefix=f".import-{host}-") as tmp:
+            tmp = Path(tmp)
+            root = unpack(source, tmp / "unpacked", bounds) if source.is_file() else source
+            staged = tmp / "staged"
+            files = copy_tree(root, staged, what, bounds)
+            check_layout(staged, "import source", shown=source)
+            check_contents(staged, what, bounds)
+            manifest = {"host": host, "imported_from": str(source.resolve()),
+                        "imported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                        "files": sorted(files)}
+            (staged / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            swap_into_place(staged, dest, tmp / "old")
+    except OSError as err:
+        raise write_failure(err, results, "import") from err
     return dest
 
 
@@ -287,13 +574,12 @@ def import_host(source: Path, host: str, results: Path = Path("results"),
 # merge: one table per name over all hosts
 
 def read_host_tables(root: Path) -> dict[str, pd.DataFrame]:
-    tables = {}
+    """Every stats table of a host, each read within the bounds an import holds it to."""
+    frames = {}
     for path in sorted((Path(root) / "stats").glob("*.csv")):
-        try:
-            tables[path.stem] = pd.read_csv(path)
-        except pd.errors.EmptyDataError:
-            tables[path.stem] = pd.DataFrame()
-    return tables
+        df = read_csv_text(path, str(path))
+        frames[path.stem] = pd.DataFrame() if df is None else df
+    return frames
 
 
 def shared_names(by_host: dict[str, dict[str, pd.DataFrame]], column: str) -> set[str]:
@@ -351,10 +637,11 @@ def merge_tables(by_host: dict[str, dict[str, pd.DataFrame]], local: str
     return merged
 
 
-def hosts_table(roots: dict[str, Path], local: str) -> pd.DataFrame:
+def hosts_table(roots: dict[str, Path], local: str,
+                environments: dict[str, pd.DataFrame]) -> pd.DataFrame:
     rows = []
     for host, root in roots.items():
-        env = pd.read_csv(Path(root) / "stats" / "environment.csv")
+        env = environments[host]
         manifest = Path(root) / MANIFEST
         meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
         rows.append({"host": host, "role": "local" if host == local else "imported",
@@ -367,16 +654,35 @@ def hosts_table(roots: dict[str, Path], local: str) -> pd.DataFrame:
                                        "imported_from", "imported_at"])
 
 
+def write_tables(frames: dict[Path, pd.DataFrame], out_dir: Path) -> list[Path]:
+    """Write every table or none: each beside its place first, then all renamed in."""
+    staged = {}
+    try:
+        for path, df in frames.items():
+            staged[path] = write_table(df, path.with_name(f".{path.name}.merging"))
+        for path, tmp in staged.items():
+            os.replace(tmp, path)
+    except OSError as err:
+        raise write_failure(err, out_dir, "merge") from err
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+    return list(frames)
+
+
 def merge(roots: dict[str, Path], local: str, out_dir: Path, names: list[str]) -> list[Path]:
     """Write out_dir/<name>.csv for every name in `names` (header-only when no host has it)
-    and out_dir/hosts.csv; `roots` maps host -> results/<host>, the local host among them."""
+    and out_dir/hosts.csv, all or none; `roots` maps host -> results/<host>, the local host
+    among them."""
     if local not in roots:
         raise DecodelabError(f"the local host {local!r} is not among the hosts to merge")
     for host, root in roots.items():
         check_layout(Path(root), f"host {host!r}:")
-    merged = merge_tables({h: read_host_tables(r) for h, r in roots.items()}, local)
+    by_host = {h: read_host_tables(r) for h, r in roots.items()}
+    merged = merge_tables(by_host, local)
     out_dir = Path(out_dir)
-    written = [write_table(merged.get(name, pd.DataFrame()), out_dir / f"{name}.csv")
-               for name in names if name != "hosts"]
-    written.append(write_table(hosts_table(roots, local), out_dir / "hosts.csv"))
-    return written
+    frames = {out_dir / f"{name}.csv": merged.get(name, pd.DataFrame())
+              for name in names if name != "hosts"}
+    environments = {h: tabs["environment"] for h, tabs in by_host.items()}
+    frames[out_dir / "hosts.csv"] = hosts_table(roots, local, environments)
+    return write_tables(frames, out_dir)

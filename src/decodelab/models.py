@@ -4,6 +4,7 @@ manifest, and loading it for inference. `sources.py` builds one."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .errors import DecodelabError
+from .sizes import LAYERS, config_fields, job_limits, size_problem, whole
 
 MANIFEST = "decodelab.json"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -47,12 +49,9 @@ INDEX = "model.safetensors.index.json"
 
 def read_json_object(path: Path) -> dict:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        return config_fields(path)
     except (OSError, ValueError) as err:
-        raise ValueError(f"{path.name} is not readable JSON ({err})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path.name} is not a JSON object")
-    return value
+        raise ValueError(f"{path.name} is not readable JSON ({first_line(err)})") from None
 
 
 def layout_problem(model_dir: Path) -> str | None:
@@ -98,6 +97,29 @@ def size_note(path: Path) -> str:
     return "" if declared == real else f"; its header declares {declared} bytes, the file {real}"
 
 
+def shape_problem(model_dir: Path) -> str | None:
+    """A model larger than config 'limits', from its config.json alone: transformers would
+    allocate all of it before reading a single weight."""
+    return size_problem(read_json_object(model_dir / "config.json"), job_limits(), "config.json")
+
+
+# A block's tensors: transformer.h.3.attn..., model.layers.3..., model.decoder.layers.3...
+BLOCK = re.compile(r"(?:^|\.)(?:h|layers|blocks)\.(\d+)\.")
+
+
+def layers_problem(model_dir: Path, tensors: set[str]) -> str | None:
+    """config.json's layer count against the blocks its weights hold: a config that claims more
+    would have transformers allocate the missing ones (and fill them with random values)."""
+    blocks = {int(m[1]) for name in tensors if (m := BLOCK.search(name))}
+    fields = read_json_object(model_dir / "config.json")
+    declared = whole(fields, LAYERS, "config.json")
+    if not blocks or declared is None or declared == len(blocks) == max(blocks) + 1:
+        return None
+    key = next(k for k in LAYERS if fields.get(k) is not None)
+    return (f"config.json declares {declared} layers ({key}) but its weights hold "
+            f"{len(blocks)} blocks (indices {min(blocks)}..{max(blocks)})")
+
+
 def weights_problem(model_dir: Path) -> str | None:
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
@@ -105,12 +127,13 @@ def weights_problem(model_dir: Path) -> str | None:
         found = f" (found {', '.join(pickled)}, never unpickled)" if pickled else ""
         return (f"has no .safetensors weights{found}; decodelab loads safetensors only "
                 "(no pickled checkpoints)")
+    tensors = set()
     for path in files:
         try:
             # safe_open checks the header against the file: every tensor's byte size, the
             # offsets back to back, the data ending exactly at the end of the file.
             with safe_open(path, "pt") as f:
-                f.keys()
+                tensors.update(f.keys())
         except (OSError, SafetensorError) as err:
             return f"{path.name} is not a complete safetensors file ({err}{size_note(path)})"
     if (model_dir / INDEX).is_file():
@@ -120,7 +143,7 @@ def weights_problem(model_dir: Path) -> str | None:
         missing = sorted({s for s in map(str, shards.values()) if not (model_dir / s).is_file()})
         if missing:
             return f"{INDEX} names absent weight files: {', '.join(missing)}"
-    return None
+    return layers_problem(model_dir, tensors)
 
 
 def check_model_dir(model_dir: str | Path, label: str):
@@ -129,7 +152,8 @@ def check_model_dir(model_dir: str | Path, label: str):
     config.json transformers cannot read). Every source and every load goes through here."""
     model_dir = Path(model_dir)
     try:
-        why = layout_problem(model_dir) or code_problem(model_dir) or weights_problem(model_dir)
+        why = (layout_problem(model_dir) or code_problem(model_dir) or shape_problem(model_dir)
+               or weights_problem(model_dir))
     except ValueError as err:
         why = str(err)
     if why:

@@ -13,7 +13,11 @@ import re
 
 from .errors import DecodelabError
 
-NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$"
+# \A and \Z, not ^ and $: JSON-schema validators match a `pattern` with Python's re.search, where
+# `$` also matches before a final newline ("x\n" would pass). NAME_REGEX is the unanchored rule
+# (Snakemake's wildcard constraints).
+NAME_REGEX = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}"
+NAME_PATTERN = rf"\A{NAME_REGEX}\Z"
 NAME_RULE = ("letters, digits, '.', '_' and '-', not starting with '.' or '-', at most 64 "
              f"characters (pattern {NAME_PATTERN})")
 _NAME = re.compile(NAME_PATTERN)
@@ -26,5 +30,6 @@ def is_valid_name(name: object) -> bool:
 def check_name(name: object, what: str) -> str:
     """`name` if it is a safe path component, else an error naming `what` and the rule."""
     if not is_valid_name(name):
-        raise DecodelabError(f"{what} {name!r} is not a usable name: {NAME_RULE}")
+        shown = repr(name[:64] + "..." if isinstance(name, str) and len(name) > 64 else name)
+        raise DecodelabError(f"{what} {shown} is not a usable name: {NAME_RULE}")
     return name

@@ -3,11 +3,14 @@ directory from its config entry, which later steps load with `models.load`."""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, BloomConfig, GPT2Config, LlamaConfig, OPTConfig
 
 from .errors import DecodelabError
@@ -21,6 +24,7 @@ from .models import (
 )
 from .names import check_name
 from .shapes import PRESETS, VOCAB, check_preset, declared_positions, position_overrun
+from .sizes import job_limits, size_problem, spec_fields
 
 CONFIG_CLASSES = {"gpt2": GPT2Config, "opt": OPTConfig, "bloom": BloomConfig,
                   "llama": LlamaConfig}
@@ -123,23 +127,46 @@ def prepare(spec: dict, out: str | Path, teacher_dir: str | Path | None = None,
     whose position table is shorter than `positions_needed` is refused before it is in place."""
     # The name as given: Path() would turn "results/models/." into "results/models".
     name = check_name(os.path.basename(os.fspath(out).rstrip("/")), "model")
+    source = spec.get("source")
+    if source not in SOURCES:
+        raise DecodelabError(f"model source {source!r} is not supported here")
+    fields = spec_fields(spec)
+    if fields and (problem := size_problem(fields, job_limits(), f"model {name!r}")):
+        raise DecodelabError(problem)
     out = Path(out)
     tmp = partial_dir(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    source = spec["source"]
     try:
-        if source not in SOURCES:
-            raise DecodelabError(f"model source {source!r} is not supported here")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
         SOURCES[source](tmp, spec, f"model {name!r}",
                         Path(teacher_dir) if teacher_dir is not None else None)
         if positions_needed:
             refuse_short_model(tmp, name, positions_needed)
-    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError | SafetensorError):
+            raise DecodelabError(unwritable(name, out, err)) from None
         raise
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+
+
+def unwritable(name: str, out: Path, err: OSError | SafetensorError) -> str:
+    """The one line of a model directory that could not be written (a full disk, a read-only
+    results/): where, and what to do. safetensors' writer reports the OS error in its text."""
+    code = getattr(err, "errno", None)
+    if code is None and (m := re.search(r"os error (\d+)", str(err))):
+        code = int(m[1])
+    why = os.strerror(code) if code else first_line(err)
+    where = getattr(err, "filename", None) or out.parent
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        todo = "free space on its file system"
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR):
+        todo = f"make {out.parent} a writable directory"
+    else:
+        todo = f"check {where}"
+    return (f"model {name!r}: {why}: {where}; nothing was left in {out.parent}: {todo} and run "
+            "again")
 
 
 def refuse_short_model(model_dir: str | Path, name: str, needed: int) -> None:

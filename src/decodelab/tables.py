@@ -30,8 +30,9 @@ class Table:
     """results/<host>/stats/<name>.csv.
 
     numeric, flags and text are the columns a reader converts (to numbers, booleans, strings
-    with '' for a missing value) where present. An `optional` table absent or empty reads as no
-    rows and its unparsable numbers as NaN; any other table must be there and parse.
+    with '' for a missing value) where present; a numeric cell that is neither empty nor a
+    number is refused. An `optional` table absent or empty reads as no rows; any other table
+    must be there.
     `required` is what the host contract (`decodelab import`, the merge) demands: None for a
     table a host may lack. `per_host`: False for a table only the merge writes.
     """
@@ -292,14 +293,32 @@ def read(stats_dir: str | Path, name: str):
     """One table with its declared columns typed; an optional one absent or empty -> no rows."""
     import pandas as pd
 
+    from .text import check_cells
+
     t = table(name)
+    file = path(stats_dir, name)
     try:
-        df = pd.read_csv(path(stats_dir, name))
+        df = pd.read_csv(file)
     except (FileNotFoundError, pd.errors.EmptyDataError):
         if not t.optional:
             raise
         return pd.DataFrame()
+    check_cells(df, str(file))
+    check_numbers(df, t, str(file))
     return typed(df, t)
+
+
+def check_numbers(df, t: Table, what: str) -> None:
+    """Every cell of `t`'s numeric columns is empty or a number; else an error naming `what`,
+    the row (from 1 below the header) and the column."""
+    import pandas as pd
+
+    for col in [c for c in t.numeric if c in df.columns]:
+        bad = (df[col].notna() & pd.to_numeric(df[col], errors="coerce").isna()).to_numpy()
+        if bad.any():
+            row = bad.nonzero()[0][0]
+            raise DecodelabError(f"{what} row {row + 1}, column {col}: "
+                                 f"{str(df[col].iloc[row])[:40]!r} is not a number")
 
 
 def read_group(stats_dir: str | Path, group_name: str, keys: Iterable[str] | None = None

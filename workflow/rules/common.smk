@@ -18,6 +18,7 @@ from decodelab.config import (
     check_local_images,
     check_batched,
     check_long,
+    check_model_sizes,
     check_positions,
     check_quantized,
     export_preflight,
@@ -26,6 +27,7 @@ from decodelab.config import (
     sweep_backends,
 )
 from decodelab.probe import backend_available, why_unavailable
+from decodelab.sizes import export_limits
 
 checked(check_cluster_backends, SETTINGS)
 BACKENDS, SKIPPED = checked(plan_backends, SETTINGS, backend_available, why_unavailable)
@@ -47,6 +49,10 @@ def teacher_dir(wildcards):
 
 POSITION_NEEDS = SETTINGS.position_needs()
 checked(check_positions, SETTINGS, POSITION_NEEDS)
+# Every model whose shape is known here fits config 'limits'; the jobs check the others (an hf
+# model's config.json) against the same limits, from the environment.
+checked(check_model_sizes, SETTINGS)
+export_limits(vars(SETTINGS.limits))
 
 
 def as_arg(obj):

@@ -17,7 +17,7 @@ from decodelab.config import (
     this_host,
 )
 from decodelab.errors import DecodelabError
-from decodelab.names import NAME_PATTERN
+from decodelab.names import NAME_REGEX
 
 
 def checked(check, *args):
@@ -30,8 +30,6 @@ def checked(check, *args):
 
 # The validated config, typed: every rule reads its settings from here.
 SETTINGS = Settings.from_config(config)
-# Model and pair wildcards match names only, so that no name reaches two rules.
-NAME_REGEX = NAME_PATTERN.removeprefix("^").removesuffix("$")
 # Other hosts: results imported with `decodelab import` into results/<host>/ that the paper
 # merges beside this host's. They are inputs, never outputs: only this host's rules match.
 IMPORTED = list(SETTINGS.hosts)
@@ -43,6 +41,7 @@ checked(check_names_differ_by_more_than_case, SETTINGS)
 checked(check_hosts, HOST, IMPORTED)
 
 
+# Model and pair wildcards match names only, so that no name reaches two rules.
 wildcard_constraints:
     host=re.escape(HOST),
     model=NAME_REGEX,

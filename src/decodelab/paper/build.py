@@ -7,6 +7,7 @@ tab_*.tex tables that the sections write.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -54,11 +55,18 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
             for name, text in files.items()]
 
 
+# kpathsea's settings for this run: TeX reads and writes only below the build directory (no
+# absolute paths, no '..', no dot files) and runs no shell command, whatever the TeX says.
+CONFINED = {"openin_any": "p", "openout_any": "p", "shell_escape": "f"}
+
+
 def latexmk(build_dir: Path, main: str = "paper.tex") -> Path:
     if shutil.which("latexmk") is None:
         raise DecodelabError("latexmk is not on PATH; install TeX Live (latexmk, pdflatex)")
-    cmd = ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", main]
-    done = subprocess.run(cmd, cwd=build_dir, capture_output=True, text=True)
+    cmd = ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error",
+           "-pdflatex=pdflatex -no-shell-escape %O %S", main]
+    done = subprocess.run(cmd, cwd=build_dir, capture_output=True, text=True,
+                          env={**os.environ, **CONFINED})
     if done.returncode != 0:
         log = Path(build_dir) / Path(main).with_suffix(".log")
         raise DecodelabError(f"latexmk failed (exit {done.returncode}); see {log}\n"

@@ -71,7 +71,8 @@ def acceptance_sentence(acceptance: pd.DataFrame) -> str:
     rows = rows[(rows["kv_budget"] == budget) | (rows["kv_budget"] == 0)]
     said = [f"{policy_name(r)} {alpha_text(r)}" for r in rows.sort_values("policy").itertuples()]
     first = rows.iloc[0]
-    where = f"$L={integer(first['length'])}$, $K={integer(first['k'])}$, {first['mode']}"
+    where = (f"$L={integer(first['length'])}$, $K={integer(first['k'])}$, "
+             f"{tex_escape(first['mode'])}")
     if np.isfinite(budget):
         where += f", budget $B={integer(budget)}$"
     return f"at {where}: {human_list(said, empty=NONE)}"
@@ -98,7 +99,7 @@ def speedup_sentence(speedup: pd.DataFrame) -> str:
     for length, g in speedup.groupby("length"):
         best = g.loc[g["speedup"].idxmax()]
         budget = f"$B={integer(best.kv_budget)}$, " if best.kv_budget > 0 else ""
-        where = f"{policy_name(best)}, {budget}$K={integer(best.k)}$, {best['mode']}"
+        where = f"{policy_name(best)}, {budget}$K={integer(best.k)}$, {tex_escape(best['mode'])}"
         verdict = ("an interval of zero width, as from one document"
                    if best["ci_low"] == best["ci_high"]
                    else "interval above 1" if best["ci_low"] > 1 else "interval not above 1")
@@ -136,7 +137,7 @@ def long_table(speedup: pd.DataFrame, acceptance: pd.DataFrame, level: str) -> s
     for _, g in merged.groupby(keys[:-1], sort=True) if len(merged) else ():
         b = g.loc[g["speedup"].idxmax()]
         rows.append([policy_name(b), integer(b.kv_budget) if b.kv_budget else "all",
-                     integer(b.length), b["mode"], integer(b.k),
+                     integer(b.length), tex_escape(b["mode"]), integer(b.k),
                      f"{sig(b.alpha)} {ci(b.ci_low_alpha, b.ci_high_alpha)}",
                      sig(b.proposal_acceptance), sig(b.speedup), ci(b.ci_low, b.ci_high),
                      sig(b.cost_ratio), sig(b.predicted)])

@@ -16,6 +16,7 @@ import pandas as pd
 
 from .. import tables
 from ..figures import SAMPLER_ORDER, ordered_samplers, spec_modes, spec_pairs
+from ..text import check_cells
 
 __all__ = ["SAMPLER_ORDER", "model_field", "ordered_samplers", "read_models", "spec_modes",
            "spec_pairs"]
@@ -39,10 +40,12 @@ MODEL_FIELDS = {          # models.csv column -> aliases (manifest keys, flatten
 
 def read_models(stats_dir: Path) -> pd.DataFrame:
     """models.csv with manifest dicts (corpus, spec) flattened to corpus_sha256, spec_n_layer..."""
+    file = tables.path(stats_dir, "models")
     try:
-        df = pd.read_csv(tables.path(stats_dir, "models"))
+        df = pd.read_csv(file)
     except (FileNotFoundError, pd.errors.EmptyDataError):
         return pd.DataFrame(columns=["model"])
+    check_cells(df, str(file))
     df.columns = [re.sub(r"[^A-Za-z0-9]+", "_", str(c)).strip("_") for c in df.columns]
     for col in list(df.columns):
         parsed = df[col].map(as_dict)

@@ -366,7 +366,8 @@ def spec_pairs_table(t: dict[str, pd.DataFrame] | None, settings: dict, env: pd.
             k = int(row["k"]) if row is not None else None
             first = first_k(acceptance, pair, mode)
             rows.append([tt(pair) if i == 0 else "", draft if i == 0 else "",
-                         target if i == 0 else "", mode, str(k) if k is not None else NONE,
+                         target if i == 0 else "", tex_escape(mode),
+                         str(k) if k is not None else NONE,
                          sig(row["speedup"]) if row is not None else NONE,
                          ci(row["ci_low"], row["ci_high"]) if row is not None else NONE,
                          *[percent(lookup(acceptance, column, pair=pair, mode=mode, k=at))
@@ -416,7 +417,8 @@ def spec_hf_table(t: dict[str, pd.DataFrame] | None, confidence: str) -> str:
 
 def floor_table(floor: pd.DataFrame) -> str:
     """Per pair and role: the model's greedy step alone, its bandwidth floor, the ratio."""
-    rows = [[tt(r["pair"]), r["role"], tt(r["model"]), f"{r['device']}, {r['engine']}",
+    rows = [[tt(r["pair"]), tex_escape(r["role"]), tt(r["model"]),
+             tex_escape(f"{r['device']}, {r['engine']}"),
              sig(r["weight_bytes"] / 1e6), sig(r["bandwidth"] / 1e9), sig(r["step_s"] * 1e3),
              sig(r["floor_s"] * 1e3), f"{sig(r['over_floor'])}$\\times$"]
             for _, r in floor.iterrows()] if "over_floor" in floor else []
