@@ -4,13 +4,13 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
-from decodelab.configcheck import schema_problem
-from decodelab.yamlsafe import file_problem
+from decodelab.config.check import schema_problem
+from decodelab.core.yamlsafe import file_problem
 
 min_version("9.5")
 SCHEMA = "workflow/schemas/config.schema.yaml"
 
-# Every config file as plain data of a config's size (decodelab.yamlsafe), before the embedded
+# Every config file as plain data of a config's size (decodelab.core.yamlsafe), before the embedded
 # one is read below and before the config is walked: Snakemake read the --configfile ones while
 # parsing its command line, where the workflow profile's preflight checked them first.
 for _file in workflow.overwrite_configfiles or ["config.yaml"]:
@@ -55,10 +55,10 @@ rule all:
 
 
 # The last word of every run: whether the measurements were quiet, or which jobs to re-measure
-# (decodelab.stability); nothing where the stability tables are not there (a partial target).
+# (decodelab.analysis.stability); nothing where the stability tables are not there (a partial target).
 onsuccess:
     from snakemake.logging import logger
-    from decodelab.stability import closing_note
+    from decodelab.analysis.stability import closing_note
 
     note = closing_note(Path(f"results/{HOST}/stats"))
     if note:

@@ -32,25 +32,38 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from decodelab import attention, fused, graphs, sources, speculative, stability, stats, study, train
-from decodelab.config import GREEDY, Confidence, Sampling, SpeculativeJob, Stability, load_settings
-from decodelab.decode import decode, first_divergence, margin
-from decodelab.floor import copy_bandwidth
-from decodelab.floor import weight_bytes as parameter_bytes
-from decodelab.io import write_raw
+from decodelab.analysis import stability, stats
+from decodelab.backends import sources, train
+from decodelab.config.settings import (
+    GREEDY,
+    Confidence,
+    Sampling,
+    SpeculativeJob,
+    Stability,
+    load_settings,
+)
+from decodelab.core.io import write_raw
+from decodelab.engines import speculative
+from decodelab.engines.cuda import attention, fused, graphs
+from decodelab.engines.cuda.floor import copy_bandwidth
+from decodelab.engines.cuda.floor import weight_bytes as parameter_bytes
+from decodelab.engines.decode import decode, first_divergence, margin
+from decodelab.studies.speculative import run as study
 
 # Peak memory bandwidth per card (bytes/s), by a part of its CUDA name: the H200's is #18's own
 # figure (its datasheet says 4.8 TB/s), the H100 SXM's (HBM3) the datasheet's. Another card's floor
 # is NaN; `over_measured_floor`, on the copy bandwidth measured in the process, holds for any.
 PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # The floor's engines: graphs.ENGINES' own (`fused` is gpt-fast's recipe with decodelab's kernels,
-# decodelab.fused), and ablations of `fused`: `reductions`, its Linear layout and
+# decodelab.engines.cuda.fused), and ablations of `fused`: `reductions`, its Linear layout and
 # coordinate-descent tuning with attention on SDPA's math backend (a bmm, a softmax and a bmm,
 # which Inductor fuses) while it compiles; `reductions+attend`, that with decodelab's attention
-# kernel (the `fused` engine before decodelab.matvec: its GEMVs Inductor's tuned reductions);
+# kernel (the `fused` engine before decodelab.engines.cuda.matvec: its GEMVs Inductor's tuned
+# reductions);
 # `linear+attend`, the Linear layout and the attention kernel with Inductor's defaults (its GEMVs
 # cuBLAS's on contiguous rows); `+attend`, an engine with the attention kernel alone; and
-# `layered`, `fused` as it was before decodelab.static_cache and attention.causal_ends: over
+# `layered`, `fused` as it was before decodelab.engines.cuda.static_cache and
+# attention.causal_ends: over
 # transformers' StaticCache (each layer writes its keys, writes its values and advances its own
 # position) with a boolean [T, L] mask for the attention kernel; `fused-deterministic`, `fused`
 # under Inductor's deterministic mode (below); `folded`, `fused` with GPT-2's layer norms and

@@ -42,7 +42,8 @@ BESIDE_TORCH = {
         "t = engine(target); step(t, [1]); import torch; torch.zeros(1, device='cuda');"
         " torch.cuda.Event(enable_timing=True).record(); step(t, [2])"),
     "decodelab's engine": (
-        "import torch; from decodelab.llamacpp import Engine; e = Engine(target, device='cuda');"
+        "import torch; from decodelab.backends.llamacpp import Engine;"
+        " e = Engine(target, device='cuda');"
         " c = e.new_cache(); e(torch.tensor([[1, 2, 3]]), past_key_values=c); c.crop(-1);"
         " e(torch.tensor([[4]]), past_key_values=c); torch.zeros(1, device='cuda')"),
 }

@@ -1,5 +1,6 @@
 """#16 on one CUDA host without Snakemake (scripts/long_cuda.sh runs it): train config/long.yaml's
-long-context target and its four sparse drafters (decodelab/budgetdraft.py: budget-robust, one
+long-context target and its four sparse drafters (decodelab/engines/budgetdraft.py: budget-robust,
+one
 fixed budget, full cache only, no-prefix control), then run the long-context study
 (`longstudy.run`, what the `long` verb runs) at each --lengths entry in turn, self-speculation
 beside the four drafters, and its tables (`longstats`).
@@ -23,9 +24,13 @@ from pathlib import Path
 import torch
 from gpu_pair import Deadline, log  # scripts/ is on the path of a script run from it
 
-from decodelab import longstats, longstudy, sources, stats, tables
-from decodelab.config import LongJob, load_settings
-from decodelab.io import write_raw
+from decodelab.analysis import stats
+from decodelab.backends import sources
+from decodelab.config.settings import LongJob, load_settings
+from decodelab.core import tables
+from decodelab.core.io import write_raw
+from decodelab.studies.long import run as longstudy
+from decodelab.studies.long import tables as longstats
 
 TARGET = "long-target"
 DRAFTERS = ("long-robust", "long-fixed", "long-fullonly", "long-noprefix")

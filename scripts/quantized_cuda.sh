@@ -117,7 +117,7 @@ if [ ! -s "$log/cuda_env.sh" ] && [ ! -s "$log/probe.txt" ]; then  # which proce
 	if [ ! -s "$log/cuda_env.sh" ] && command -v cuda-gdb >/dev/null; then
 		say "no environment mends it: a backtrace of decodelab's engine beside torch"
 		timeout 90 cuda-gdb -q -batch -ex run -ex bt --args python3 -c "import torch
-from decodelab.llamacpp import Engine
+from decodelab.backends.llamacpp import Engine
 Engine('results/gguf/target/F16.gguf', device='$device')" >"$log/backtrace.txt" 2>&1
 		grep -A 25 "received signal" "$log/backtrace.txt" | head -n 40
 	fi

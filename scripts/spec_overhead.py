@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from decodelab import models
-from decodelab import speculative as current
-from decodelab.config import Sampling
-from decodelab.theory import expected_speedup, expected_tokens_per_call
-from decodelab.train import heldout_prompts
+from decodelab.analysis.theory import expected_speedup, expected_tokens_per_call
+from decodelab.backends import models
+from decodelab.backends.train import heldout_prompts
+from decodelab.config.settings import Sampling
+from decodelab.engines import speculative as current
 
 MODES = {"greedy": Sampling(temperature=0.0), "sampled": Sampling(temperature=1.0)}
 

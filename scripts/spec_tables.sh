@@ -6,7 +6,7 @@
 #   Usage, from the repo root: scripts/spec_tables.sh DIR [RUNS (default rep*) [HOST]]
 set -euo pipefail
 R=$1 runs=${2:-rep*} host=${3:-}
-settings() { python3 -c "import json, sys; from decodelab.config import load_settings
+settings() { python3 -c "import json, sys; from decodelab.config.settings import load_settings
 print(json.dumps(getattr(load_settings('config/gpu.yaml'), sys.argv[1]).job_spec(), sort_keys=True))" "$1"; }
 mkdir -p "$R/stats"
 decodelab verdicts --study speculative --spec "$(settings stability)" \
@@ -14,7 +14,7 @@ decodelab verdicts --study speculative --spec "$(settings stability)" \
 decodelab spec-stats --spec "$(settings stats)" --verdicts "$R/stats/verdicts_speculative.csv" \
   --out "$R/stats" --runs "$R"/raw/speculative/*/$runs.parquet
 decodelab model-table --out "$R/stats/models.csv" "$R"/models/*
-[ -z "$host" ] || python3 -c "import sys; import pandas as pd; from decodelab.stats import environment_table
+[ -z "$host" ] || python3 -c "import sys; import pandas as pd; from decodelab.analysis.stats import environment_table
 runs = pd.concat(pd.read_parquet(p) for p in sorted(sys.argv[3:]))
 environment_table(runs.assign(host=sys.argv[2])).to_csv(sys.argv[1], index=False)" \
   "$R/stats/environment.csv" "$host" "$R"/raw/speculative/*/$runs.parquet

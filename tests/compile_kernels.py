@@ -8,7 +8,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from decodelab import attention, matvec
+from decodelab.engines.cuda import attention, matvec
 
 H100 = GPUTarget("cuda", 90, 32)
 HALF = 0.5  # a plain global: what a jitted function may not read (the control below)

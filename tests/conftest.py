@@ -45,7 +45,7 @@ def one_thread():
 def uncaptured_engines(monkeypatch) -> list:
     """`graphs.engine`'s own choice and cache sizing on the CPU: the graph engines it builds
     run uncaptured (no CUDA here) and are listed here as built."""
-    from decodelab import graphs
+    from decodelab.engines.cuda import graphs
 
     built = []
 
@@ -137,7 +137,7 @@ TINY_TRAIN = {"source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_pos
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """A tiny `init` GPT-2 that tests read and never change."""
-    from decodelab import sources
+    from decodelab.backends import sources
 
     out = tmp_path_factory.mktemp("m") / "gpt2-tiny"
     sources.prepare({"source": "init", "preset": "gpt2-tiny", "seed": 1}, out)
@@ -148,7 +148,7 @@ def model_dir(tmp_path_factory):
 def tiny_pair(tmp_path_factory) -> tuple[str, str]:
     """A `train` target and a draft distilled from it, tiny, for all xdist workers:
     (target_dir, draft_dir)."""
-    from decodelab import sources
+    from decodelab.backends import sources
 
     def train() -> list[str]:
         root = tmp_path_factory.mktemp("pair")

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from decodelab import figures
 from decodelab.paper.build import build, write_generated
+from decodelab.report import figures
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "paper"
@@ -145,7 +145,7 @@ def write_stability(stats_dir: Path, backends=("cpu", "mps"), noisy: dict | None
                     ) -> Path:
     """The stability rule's tables: one sweep job per backend x model x repeat; `noisy` maps
     a job (its raw file) to its unstable configurations (quiet: none)."""
-    from decodelab.stability import remeasure_command
+    from decodelab.analysis.stability import remeasure_command
 
     noisy = noisy or {}
     jobs = [f"results/ci_runner-01/{b}/sweep/{m}/rep{r}.parquet" for b in backends

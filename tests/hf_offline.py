@@ -40,7 +40,7 @@ RUNNER = r"""
 import json, sys, traceback
 import huggingface_hub.constants as hc
 from decodelab import sources
-from decodelab.errors import DecodelabError
+from decodelab.core.errors import DecodelabError
 
 cache, jobs = sys.argv[1], json.loads(sys.argv[2])
 assert hc.HF_HUB_OFFLINE is True, "HF_HUB_OFFLINE not picked up"

@@ -6,9 +6,9 @@ import torch
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from decodelab.longctx import TruePositions
-from decodelab.sparse_kv import sparse_view
-from decodelab.speculative import feed
+from decodelab.engines.longctx import TruePositions
+from decodelab.engines.sparse_kv import sparse_view
+from decodelab.engines.speculative import feed
 
 VOCAB = 64
 ORACLE = {}  # the selection the oracle attention masks to, and the context length it covers

@@ -23,11 +23,12 @@ from fixtures import (
     write_stats,
 )
 
-from decodelab import benchmarks, hosts, reference
-from decodelab.errors import DecodelabError
-from decodelab.paper import artifact, tex
+from decodelab.core import hosts
+from decodelab.core.errors import DecodelabError
+from decodelab.paper import artifact
 from decodelab.paper.build import write_generated
-from decodelab.paper.settings import PARALLEL_K
+from decodelab.report import benchmarks, reference, tex
+from decodelab.report.settings import PARALLEL_K
 
 # -----------------------------------------------------------------------------
 # import

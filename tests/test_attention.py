@@ -14,8 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from decodelab import attention, graphs, sources
-from decodelab.decode import decode
+from decodelab.backends import sources
+from decodelab.engines.cuda import attention, graphs
+from decodelab.engines.decode import decode
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

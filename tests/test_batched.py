@@ -7,13 +7,16 @@ import torch
 from costs import CONTEXT, COST
 from llama import PERIOD, planted_copies, tiny_llama, tokens
 
-from decodelab import batched, batchstudy, cli, models, refresh, sources
-from decodelab import equivalence as eq
-from decodelab.config import Batched, Sampling
-from decodelab.decode import decode
-from decodelab.errors import DecodelabError
-from decodelab.scheduler import Posterior, round_k
-from decodelab.sparse_kv import Policy, chunk_layout
+from decodelab import cli
+from decodelab.backends import models, sources
+from decodelab.config.settings import Batched, Sampling
+from decodelab.core.errors import DecodelabError
+from decodelab.engines import batched, refresh
+from decodelab.engines.decode import decode
+from decodelab.engines.scheduler import Posterior, round_k
+from decodelab.engines.sparse_kv import Policy, chunk_layout
+from decodelab.studies.batched import run as batchstudy
+from decodelab.studies.verification import equivalence as eq
 
 BUDGET = 16
 LENGTHS = {1: (7,), 3: (3, 11, 6), 5: (5, 1, 9, 14, 2)}  # prompt lengths per batch size

@@ -5,11 +5,14 @@ import pandas as pd
 import pytest
 from costs import COST
 
-from decodelab import batchstats, batchstudy, cli, tables
-from decodelab.config import Batched, Confidence, Settings, check_batched
-from decodelab.errors import DecodelabError
-from decodelab.paper import batched as paper_batched
-from decodelab.sparse_kv import min_budget
+from decodelab import cli
+from decodelab.config.settings import Batched, Confidence, Settings, check_batched
+from decodelab.core import tables
+from decodelab.core.errors import DecodelabError
+from decodelab.engines.sparse_kv import min_budget
+from decodelab.studies.batched import paper as paper_batched
+from decodelab.studies.batched import run as batchstudy
+from decodelab.studies.batched import tables as batchstats
 
 CI = Confidence(bootstrap_resamples=200)
 
@@ -100,7 +103,7 @@ def planted_costs(cost, batches, contexts) -> pd.DataFrame:
 def test_verification_stops_being_free_as_the_batch_grows():
     # A planted forward: weights read once (10 ms), then 0.1 ms per token fed: at batch 64 a
     # K+1-token verification is compute-bound and no draft can make speculation pay.
-    from decodelab.scheduler import CostModel
+    from decodelab.engines.scheduler import CostModel
 
     cost = CostModel(draft=(0.01, 1e-4, 0.0), verify=(0.01, 1e-4, 0.0))  # draft: unused
     out = batchstats.cost_table(batchstats.fits(planted_costs(cost, [1, 8, 64, 256], [256, 512])),

@@ -6,13 +6,14 @@ import torch
 import yaml
 from llama import LLAMA, ORACLE, draft_logits, tiny_llama
 
-from decodelab import budgetdraft, models, sources, train
-from decodelab.config import DraftObjective, draft_objective
-from decodelab.configcheck import schema_problem
-from decodelab.decode import cache_kwarg
-from decodelab.errors import DecodelabError
-from decodelab.sparse_kv import POLICIES, Policy, row_of, select_rows
-from decodelab.speculative import feed
+from decodelab.backends import models, sources, train
+from decodelab.config.check import schema_problem
+from decodelab.config.settings import DraftObjective, draft_objective
+from decodelab.core.errors import DecodelabError
+from decodelab.engines import budgetdraft
+from decodelab.engines.decode import cache_kwarg
+from decodelab.engines.sparse_kv import POLICIES, Policy, row_of, select_rows
+from decodelab.engines.speculative import feed
 
 ROOT = Path(__file__).resolve().parents[1]
 ROBUST = {"objective": "budget_robust", "continuation": 16, "budgets": [24, 40],

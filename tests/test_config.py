@@ -1,4 +1,5 @@
-"""decodelab.config: the typed settings, the JSON each rule passes, and every check the schema
+"""decodelab.config.settings: the typed settings, the JSON each rule passes, and every check the
+schema
 cannot express (a valid config passes each; each bad one gets its message)."""
 
 import copy
@@ -10,11 +11,11 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from decodelab import config as cfg
 from decodelab.cli import typed
-from decodelab.config import Confidence, Pair, Sampling, Settings, Stability
-from decodelab.configcheck import schema_problem, with_defaults
-from decodelab.errors import DecodelabError
+from decodelab.config.check import schema_problem, with_defaults
+from decodelab.config.settings import Confidence, Pair, Sampling, Settings, Stability
+from decodelab.config.settings import settings as cfg
+from decodelab.core.errors import DecodelabError
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
@@ -197,8 +198,8 @@ def test_check_names_differ_by_more_than_case():
 
 
 def test_check_hosts(tmp_path):
-    from decodelab import tables
-    from decodelab.hosts import MANIFEST
+    from decodelab.core import tables
+    from decodelab.core.hosts import MANIFEST
 
     other = tmp_path / "other" / "stats"
     other.mkdir(parents=True)
@@ -464,9 +465,9 @@ def test_the_size_estimate_is_within_a_tenth_of_every_presets_real_count():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from decodelab.shapes import PRESETS
-    from decodelab.sizes import estimated_params, spec_fields
-    from decodelab.sources import preset_config
+    from decodelab.backends.sources import preset_config
+    from decodelab.core.shapes import PRESETS
+    from decodelab.core.sizes import estimated_params, spec_fields
 
     for preset in PRESETS:
         with torch.device("meta"):  # counts without allocating
@@ -486,7 +487,7 @@ def test_load_settings_refuses_a_config_file_that_costs_before_loading_it(tmp_pa
 
 
 def test_a_shared_value_counts_once_per_use_in_the_config_walk():
-    from decodelab.configcheck import data_problem
+    from decodelab.config.check import data_problem
 
     value = [1]
     for _ in range(6):

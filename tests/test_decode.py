@@ -3,9 +3,9 @@ import time
 import pytest
 import torch
 
-from decodelab import decode as decode_module
-from decodelab import models, sources
-from decodelab.decode import decode
+from decodelab.backends import models, sources
+from decodelab.engines import decode as decode_module
+from decodelab.engines.decode import decode
 
 
 @pytest.fixture(scope="module", params=["gpt2-tiny", "opt-tiny", "bloom-tiny"])

@@ -1,7 +1,7 @@
 """Backends: synchronization, timers, memory probes and the environment fingerprint.
 
 CUDA and MPS are exercised without the hardware by replacing the torch entry points that
-`decodelab.devices` must call with recording fakes.
+`decodelab.backends.devices` must call with recording fakes.
 """
 
 import fnmatch
@@ -15,8 +15,9 @@ import time
 import pytest
 import torch
 
-from decodelab import devices, probe
-from decodelab.errors import DecodelabError
+from decodelab.backends import devices
+from decodelab.core import probe
+from decodelab.core.errors import DecodelabError
 
 FINGERPRINT_KEYS = {
     "hostname", "backend", "device_name", "device_index", "cpu_model", "cpu_count", "ram_bytes",
@@ -186,7 +187,7 @@ def host(monkeypatch):
 
 
 def test_torch_build_is_read_without_importing_torch():
-    code = ("import json, sys; from decodelab.probe import torch_build; "
+    code = ("import json, sys; from decodelab.core.probe import torch_build; "
             "print(json.dumps([torch_build(), 'torch' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     build, imported = json.loads(out.stdout)

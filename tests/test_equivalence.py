@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from decodelab import equivalence as eq
+from decodelab.studies.verification import equivalence as eq
 
 # Seeded statistical tests are deterministic; these are their tolerances.
 P_VALUE_OK, P_VALUE_BROKEN = 1e-3, 1e-6

@@ -29,12 +29,12 @@ from fixtures import (
     write_verification_stats,
 )
 
-from decodelab import figures, tables
-from decodelab.paper import seed, tex
-from decodelab.paper import settings as paper_settings
+from decodelab.core import tables
 from decodelab.paper.build import SECTIONS, merged, write_generated
-from decodelab.paper.section import Section
-from decodelab.paper.verification import read_verification, standard_flags
+from decodelab.report import figures, seed, tex
+from decodelab.report import settings as paper_settings
+from decodelab.report.section import Section
+from decodelab.studies.verification.paper import read_verification, standard_flags
 
 
 @pytest.fixture

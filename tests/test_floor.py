@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
-from decodelab import floor, graphs, stats
-from decodelab.paper.speculative import floor_table as floor_tex
-from decodelab.speculative import torch_device
+from decodelab.analysis import stats
+from decodelab.engines.cuda import floor, graphs
+from decodelab.engines.speculative import torch_device
+from decodelab.studies.speculative.paper import floor_table as floor_tex
 
 
 def test_copy_bandwidth_is_measured_and_positive():

@@ -6,7 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.pytorch_utils import Conv1D
 
-from decodelab import attention, fused, sources
+from decodelab.backends import sources
+from decodelab.engines.cuda import attention, fused
 
 
 def tiny_gpt2():

@@ -48,7 +48,7 @@ def gpu_pair():
 def tiny_gpt2():
     from transformers import AutoModelForCausalLM
 
-    from decodelab import sources
+    from decodelab.backends import sources
 
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(sources.preset_config("gpt2-tiny")).eval()
@@ -87,7 +87,7 @@ def test_the_bandwidth_part_times_each_engine_and_splits_its_step_into_kernels(t
 def test_each_fused_ablation_prepares_its_own_cache_mask_blocks_and_attention():
     from transformers.cache_utils import StaticLayer
 
-    from decodelab import attention, static_cache
+    from decodelab.engines.cuda import attention, static_cache
 
     model = tiny_gpt2()
     engines = {name: gpu_pair().floor_engine(model, name, 40, False)
@@ -114,7 +114,7 @@ def test_each_fused_ablation_prepares_its_own_cache_mask_blocks_and_attention():
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),
     ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x64x64", "matmul"),
     ("void gemv2T_kernel_val<int, int, __half, __half, float, 128, 16>", "matmul"),
-    ("matvec_kernel", "matmul"),  # decodelab.matvec
+    ("matvec_kernel", "matmul"),  # decodelab.engines.cuda.matvec
     ("nvjet_sm90_hsh_64x8_64x16_4x1_v_bz_splitK_bias_NNT", "matmul"),  # cuBLASLt on an H100
     ("void at::native::index_elementwise_kernel<128, 4>", "copy"),
     ("Memcpy DtoD (Device -> Device)", "copy"),
@@ -156,8 +156,8 @@ def test_a_compiled_engines_step_is_profiled_without_its_recompilation():
     """The first decode under the profiler recompiles an uncaptured compiled engine: counted, it
     made a step's kernel count negative. Every step runs the same kernels, so the count per step
     is a whole number."""
-    from decodelab import graphs
-    from decodelab.decode import decode
+    from decodelab.engines.cuda import graphs
+    from decodelab.engines.decode import decode
 
     model = tiny_gpt2()
     prompt = torch.randint(0, model.config.vocab_size, (1, 16))
@@ -191,7 +191,7 @@ def test_no_engine_is_timed_after_the_profiler_has_run(tmp_path, monkeypatch):
 
 
 def test_a_divergence_is_told_with_the_eager_models_margin_where_it_parts():
-    from decodelab.decode import decode, margin
+    from decodelab.engines.decode import decode, margin
 
     model = tiny_gpt2()
     prompt = torch.randint(0, model.config.vocab_size, (1, 8))

@@ -11,12 +11,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, GPT2Config
 
-from decodelab import capture, fused, graphs
-from decodelab import pipelined as pipelined_loop
-from decodelab.config import Sampling
-from decodelab.decode import decode
-from decodelab.errors import DecodelabError
-from decodelab.speculative import Spans, autoregressive, generate
+from decodelab.config.settings import Sampling
+from decodelab.core.errors import DecodelabError
+from decodelab.engines import pipelined as pipelined_loop
+from decodelab.engines.cuda import capture, fused, graphs
+from decodelab.engines.decode import decode
+from decodelab.engines.speculative import Spans, autoregressive, generate
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 SAMPLED = Sampling(temperature=1.0)

@@ -16,7 +16,7 @@ import yaml
 from dag import ROOT, SNAKEMAKE, copy_workflow, other_host, snakemake
 
 from decodelab import cli
-from decodelab.hosts import MANIFEST
+from decodelab.core.hosts import MANIFEST
 
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
 DEFAULT = yaml.safe_load((ROOT / "config.yaml").read_text())
@@ -49,7 +49,7 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 
 # -----------------------------------------------------------------------------
-# names: one rule, in the schema and in decodelab.names
+# names: one rule, in the schema and in decodelab.core.names
 
 
 def schema_walk(node, path=()):
@@ -64,7 +64,7 @@ def schema_walk(node, path=()):
 
 
 def test_every_name_pattern_of_the_schema_is_the_name_rule():
-    from decodelab.names import NAME_PATTERN
+    from decodelab.core.names import NAME_PATTERN
 
     schema = yaml.safe_load(SCHEMA.read_text())
     props = schema["properties"]
@@ -91,8 +91,8 @@ def test_every_name_pattern_of_the_schema_is_the_name_rule():
 
 @pytest.mark.parametrize("bad", BAD_NAMES, ids=repr)
 def test_a_bad_name_anywhere_is_one_line_naming_the_key_and_the_rule(bad):
-    from decodelab.configcheck import schema_problem
-    from decodelab.names import NAME_RULE
+    from decodelab.config.check import schema_problem
+    from decodelab.core.names import NAME_RULE
 
     pair = DEFAULT["speculative"]["pairs"]["cpu-cpu"]
     places = {
@@ -311,7 +311,7 @@ def test_a_bad_value_is_one_line_naming_the_key_and_what_is_allowed(tmp_path, ed
 
 
 def test_every_list_of_the_schema_must_hold_something_unless_empty_makes_sense():
-    from decodelab.configcheck import schema_problem
+    from decodelab.config.check import schema_problem
 
     schema = yaml.safe_load(SCHEMA.read_text())
     lists = [path[1::2] for path, s in schema_walk(schema)  # lists at a fixed config key
@@ -420,7 +420,7 @@ def edited(edit) -> dict:
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_a_name_with_a_trailing_newline_is_refused_naming_the_key(key, edit):
     """`$` of a schema pattern matched before a final newline (re.search)."""
-    from decodelab.configcheck import schema_problem
+    from decodelab.config.check import schema_problem
 
     problem = schema_problem(edited(edit), SCHEMA)
     assert problem and problem.startswith(f"config '{key}': "), problem
@@ -447,7 +447,7 @@ def test_every_pattern_of_the_schema_is_anchored_at_both_ends_of_the_string():
      "U+0085"),
 ], ids=["escape in an image", "line separator in a path", "zero-width space", "C1 NEL"])
 def test_a_control_character_in_any_string_is_one_line_naming_the_key(key, edit, code):
-    from decodelab.configcheck import schema_problem
+    from decodelab.config.check import schema_problem
 
     problem = schema_problem(edited(edit), SCHEMA)
     assert problem == (f"config '{key}': the string holds a control character ({code}, at "
@@ -474,7 +474,7 @@ def test_every_number_of_the_schema_has_a_minimum_and_a_maximum():
     ("stats.stability.cv_between", float("inf")),
 ], ids=repr)
 def test_nan_or_infinity_anywhere_is_refused_naming_the_key(key, value):
-    from decodelab.configcheck import schema_problem
+    from decodelab.config.check import schema_problem
 
     def edit(c):
         *parents, last = re.findall(r"[\w-]+|\[\d+\]", key)
@@ -512,7 +512,7 @@ def test_yaml_nan_and_inf_in_a_file_are_refused_when_the_dag_is_built(tmp_path):
      "<= 256"),
 ], ids=lambda v: v if isinstance(v, str) and "." in v else "")
 def test_a_number_past_its_maximum_is_refused_naming_the_key_and_the_limit(key, edit, allowed):
-    from decodelab.configcheck import schema_problem
+    from decodelab.config.check import schema_problem
 
     problem = schema_problem(edited(edit), SCHEMA)
     assert problem and problem.startswith(f"config '{key}': ") and allowed in problem, problem
@@ -587,7 +587,7 @@ def test_a_home_where_snakemake_cannot_cache_is_one_line(tmp_path):
      "line 2: holds more than 100000 values"),
 ], ids=["python tag", "custom tag", "deep", "invalid", "aliases"])
 def test_a_config_file_is_plain_yaml_of_a_configs_size(tmp_path, text, problem):
-    from decodelab.yamlsafe import file_problem
+    from decodelab.core.yamlsafe import file_problem
 
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -600,7 +600,7 @@ def test_a_config_file_is_plain_yaml_of_a_configs_size(tmp_path, text, problem):
 
 
 def test_the_preflight_finds_every_spelling_of_configfile():
-    from decodelab.yamlsafe import configfiles_in
+    from decodelab.core.yamlsafe import configfiles_in
 
     argv = ["-n", "--configfile", "a.yaml", "b.yaml", "--config", "x=1", "--configf=c.yaml",
             "--configfiles", "d.yaml", "-c1", "e"]

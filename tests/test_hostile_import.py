@@ -24,9 +24,10 @@ import pyarrow.parquet as pq
 import pytest
 from fixtures import host_dir
 
-from decodelab import cli, hosts
-from decodelab.errors import DecodelabError
-from decodelab.io import write_table
+from decodelab import cli
+from decodelab.core import hosts
+from decodelab.core.errors import DecodelabError
+from decodelab.core.io import write_table
 
 SMALL = {"max_bytes": 2**20, "max_file_bytes": 2**20, "max_files": 100}
 

@@ -18,10 +18,14 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM
 
 import decodelab
-from decodelab import cli, models, sources, study, sweep, verify
-from decodelab.config import Pair, Sampling, SpeculativeJob, SweepJob, Verification
-from decodelab.errors import DecodelabError
-from decodelab.speculative import generate
+from decodelab import cli
+from decodelab.backends import models, sources
+from decodelab.config.settings import Pair, Sampling, SpeculativeJob, SweepJob, Verification
+from decodelab.core.errors import DecodelabError
+from decodelab.engines.speculative import generate
+from decodelab.studies.speculative import run as study
+from decodelab.studies.sweep import run as sweep
+from decodelab.studies.verification import run as verify
 
 NAN = "non-finite logits (NaN/inf)"
 SWEEP = {"budgets": [4], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 1,

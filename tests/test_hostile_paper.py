@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from fixtures import ROOT, settings_dict
 
-from decodelab import tables
-from decodelab.errors import DecodelabError
+from decodelab.core import tables
+from decodelab.core.errors import DecodelabError
+from decodelab.core.text import check_cells, text_problem
 from decodelab.paper.build import latexmk, write_generated
-from decodelab.text import check_cells, text_problem
 
 STATS = ROOT / "results" / "reference" / "default-cpu" / "stats"
 # Every TeX special that the text rule lets through: printed raw, each breaks the layout

@@ -10,9 +10,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from decodelab import cli, sources
-from decodelab.config import Stability
-from decodelab.errors import DecodelabError
+from decodelab import cli
+from decodelab.backends import sources
+from decodelab.config.settings import Stability
+from decodelab.core.errors import DecodelabError
 
 SWEEP = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 2,
          "warmup": 1, "seed": 11}
@@ -179,7 +180,7 @@ def test_verify_stats_refuses_a_short_or_truncated_report(raw, tmp_path, capsys)
 def test_unstamped_raw_files_are_read_only_in_a_committed_reference(raw, tmp_path):
     """Reference runs (results/reference/<name>/raw/, read by their rebuild.sh) predate the
     stamp; anywhere else an unstamped file is refused."""
-    from decodelab.io import read_raw
+    from decodelab.core.io import read_raw
 
     rows = pd.read_parquet(raw["sweep"])
     ref = tmp_path / "results/reference/old/raw/cpu/sweep/m/rep0.parquet"
@@ -194,7 +195,7 @@ def test_unstamped_raw_files_are_read_only_in_a_committed_reference(raw, tmp_pat
 
 
 def test_a_job_that_measured_too_few_rows_writes_nothing(raw, tmp_path):
-    from decodelab.io import write_raw
+    from decodelab.core.io import write_raw
 
     out = tmp_path / "rep0.parquet"
     with pytest.raises(DecodelabError, match="measured 3 rows but should have measured 4"):
@@ -203,7 +204,7 @@ def test_a_job_that_measured_too_few_rows_writes_nothing(raw, tmp_path):
 
 
 def test_a_raw_write_that_dies_half_way_leaves_no_file(raw, tmp_path, monkeypatch):
-    from decodelab import io
+    from decodelab.core import io
 
     def dies(table, path):
         Path(path).write_bytes(b"PAR1 half")

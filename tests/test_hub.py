@@ -18,8 +18,9 @@ import yaml
 from dag import ROOT, copy_workflow, planned_jobs, snakemake
 from hub_server import HubServer
 
-from decodelab import models, shapes, sources
-from decodelab.paper import speculative
+from decodelab.backends import models, sources
+from decodelab.core import shapes
+from decodelab.studies.speculative import paper as speculative
 
 REPO = "decodelab-test/gpt2-tiny"
 PINNED = hashlib.sha1(b"pinned").hexdigest()

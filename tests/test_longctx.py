@@ -8,16 +8,16 @@ import yaml
 from llama import LLAMA, PERIOD, planted_copies, tiny_llama, tokens
 from transformers import DynamicCache
 
-from decodelab import config as cfg
-from decodelab import equivalence as eq
-from decodelab import models, sources, train
-from decodelab.config import Sampling
-from decodelab.configcheck import schema_problem
-from decodelab.decode import decode
-from decodelab.errors import DecodelabError
-from decodelab.longctx import SeparateDraft, first_draft_log_probs, generate
-from decodelab.sparse_kv import POLICIES, Policy
-from decodelab.speculative import Spans, feed
+from decodelab.backends import models, sources, train
+from decodelab.config.check import schema_problem
+from decodelab.config.settings import Sampling
+from decodelab.config.settings import settings as cfg
+from decodelab.core.errors import DecodelabError
+from decodelab.engines.decode import decode
+from decodelab.engines.longctx import SeparateDraft, first_draft_log_probs, generate
+from decodelab.engines.sparse_kv import POLICIES, Policy
+from decodelab.engines.speculative import Spans, feed
+from decodelab.studies.verification import equivalence as eq
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 300  # per rule, in the sampled-law check

@@ -13,8 +13,11 @@ import yaml
 from dag import copy_workflow, planned_jobs, snakemake
 from llama import LLAMA, PERIOD, planted_copies, tiny_llama, tokens
 
-from decodelab import cli, longstats, longstudy, sources, speculative, train
-from decodelab.config import (
+from decodelab import cli
+from decodelab.analysis.theory import expected_speedup
+from decodelab.backends import sources, train
+from decodelab.config.check import schema_problem, with_defaults
+from decodelab.config.settings import (
     Confidence,
     LongJob,
     LongVerificationJob,
@@ -23,12 +26,13 @@ from decodelab.config import (
     check_positions,
     load_settings,
 )
-from decodelab.configcheck import schema_problem, with_defaults
-from decodelab.decode import new_cache
-from decodelab.errors import DecodelabError
-from decodelab.io import read_raw
-from decodelab.sparse_kv import POLICIES
-from decodelab.theory import expected_speedup
+from decodelab.core.errors import DecodelabError
+from decodelab.core.io import read_raw
+from decodelab.engines import speculative
+from decodelab.engines.decode import new_cache
+from decodelab.engines.sparse_kv import POLICIES
+from decodelab.studies.long import run as longstudy
+from decodelab.studies.long import tables as longstats
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"

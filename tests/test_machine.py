@@ -1,4 +1,5 @@
-"""decodelab.machine: the machine's state recorded around each row and job, against a planted
+"""decodelab.backends.machine: the machine's state recorded around each row and job, against a
+planted
 load (and the same without it); config 'machine' and its pre-flight check."""
 
 import json
@@ -12,10 +13,12 @@ from dag import HOST, copy_workflow, planned_jobs, snakemake
 from load import planted_load
 from snakemake.utils import validate
 
-from decodelab import cli, machine, sweep
-from decodelab.config import Machine, Settings, SweepJob
-from decodelab.errors import DecodelabError
-from decodelab.io import read_raw, write_raw
+from decodelab import cli
+from decodelab.backends import machine
+from decodelab.config.settings import Machine, Settings, SweepJob
+from decodelab.core.errors import DecodelabError
+from decodelab.core.io import read_raw, write_raw
+from decodelab.studies.sweep import run as sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"

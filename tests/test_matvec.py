@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 from transformers.activations import NewGELUActivation
 
-from decodelab import attention, decode, fused, graphs, matvec, sources
+from decodelab.backends import sources
+from decodelab.engines import decode
+from decodelab.engines.cuda import attention, fused, graphs, matvec
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -16,8 +16,9 @@ from hf_offline import COMMIT, build_hub_cache, prepare_hf_offline
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from decodelab import models, shapes, sources
-from decodelab.errors import DecodelabError
+from decodelab.backends import models, sources
+from decodelab.core import shapes
+from decodelab.core.errors import DecodelabError
 
 TINY = {"gpt2-tiny": "gpt2", "opt-tiny": "opt", "bloom-tiny": "bloom", "llama-tiny": "llama"}
 

@@ -18,8 +18,8 @@ import yaml
 from dag import ROOT, copy_workflow, snakemake
 from load import planted_load
 
-from decodelab import stability
-from decodelab.paper import noise
+from decodelab.analysis import stability
+from decodelab.report import noise
 
 pytestmark = pytest.mark.serial
 

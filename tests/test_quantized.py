@@ -12,17 +12,15 @@ import torch
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make quantized-tools)")
 
-from decodelab import floor, gguf_convert, llamapeer, models, sources, study  # noqa: E402
-from decodelab.config import GREEDY, QUANT_TYPES, Sampling, SpeculativeJob  # noqa: E402
-from decodelab.decode import (  # noqa: E402
-    decode,  # noqa: E402
-    first_divergence,
-    margin,
-)
-from decodelab.errors import DecodelabError  # noqa: E402
-from decodelab.llamacpp import Engine  # noqa: E402
-from decodelab.quantized import verify_cost, with_divergence  # noqa: E402
-from decodelab.speculative import generate  # noqa: E402
+from decodelab.backends import gguf_convert, llamapeer, models, sources
+from decodelab.backends.llamacpp import Engine  # noqa: E402
+from decodelab.config.settings import GREEDY, QUANT_TYPES, Sampling, SpeculativeJob  # noqa: E402
+from decodelab.core.errors import DecodelabError  # noqa: E402
+from decodelab.engines.cuda import floor
+from decodelab.engines.decode import decode, first_divergence, margin
+from decodelab.engines.speculative import generate  # noqa: E402
+from decodelab.studies.quantized.run import verify_cost, with_divergence  # noqa: E402
+from decodelab.studies.speculative import run as study  # noqa: E402
 
 QUANTIZED = ("Q8_0", "Q4_0")
 
@@ -195,7 +193,7 @@ def test_a_cpu_build_refuses_a_cuda_engine_by_name(ggufs):
 
 def test_the_verify_cost_verb_writes_a_stamped_raw_file(ggufs, tmp_path):
     from decodelab.cli import main
-    from decodelab.io import read_raw
+    from decodelab.core.io import read_raw
 
     out = tmp_path / "rep0.parquet"
     spec = '{"ks": [1, 2], "context": 8, "inner": 2, "seed": 0, "dtype": "Q4_0"}'
@@ -256,7 +254,7 @@ PEER_JOB = SpeculativeJob.from_spec(PEER_SPEC)
 @needs_peer
 def test_the_llama_peer_verb_runs_llama_cpps_own_speculative_on_the_gguf_pair(ggufs, tmp_path):
     from decodelab.cli import main
-    from decodelab.io import read_raw
+    from decodelab.core.io import read_raw
 
     out = tmp_path / "rep0.parquet"
     main(["llama-peer", "--pair", "q8-q8", "--target-gguf", str(ggufs["target"]["Q8_0"]),

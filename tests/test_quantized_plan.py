@@ -10,12 +10,12 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from decodelab import config as cfg
-from decodelab import stability, stats
-from decodelab.config import Confidence, Pair, Settings, Stability
-from decodelab.configcheck import schema_problem
-from decodelab.errors import DecodelabError
-from decodelab.quantized_stats import peer_table, speculative_table, verify_cost_table
+from decodelab.analysis import stability, stats
+from decodelab.config.check import schema_problem
+from decodelab.config.settings import Confidence, Pair, Settings, Stability
+from decodelab.config.settings import settings as cfg
+from decodelab.core.errors import DecodelabError
+from decodelab.studies.quantized.tables import peer_table, speculative_table, verify_cost_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
@@ -221,8 +221,8 @@ def test_the_speculative_table_reports_a_divergence_with_its_position_and_margin
 def test_the_paper_says_serial_or_batch_parallel_from_the_data(tmp_path):
     """The sentence follows the measured cost per extra token: a planted serial backend reads
     serial, a planted batch-parallel one batch-parallel; Metal stays not run."""
-    from decodelab import tables
-    from decodelab.paper import quantized
+    from decodelab.core import tables
+    from decodelab.studies.quantized import paper as quantized
 
     runs = pd.concat([timing_rows("llama.cpp-Q4_0-cpu", 1.0),
                       timing_rows("llama.cpp-F16-cpu", 0.0).assign(quantization="F16")])
@@ -249,8 +249,8 @@ def test_the_paper_says_serial_or_batch_parallel_from_the_data(tmp_path):
 
 
 def test_the_paper_sets_llama_cpps_own_speedup_beside_decodelabs(tmp_path):
-    from decodelab import tables
-    from decodelab.paper import quantized
+    from decodelab.core import tables
+    from decodelab.studies.quantized import paper as quantized
 
     ours = pd.DataFrame([{"pair": "q4-q8", "mode": "greedy", "k": 4, "speedup": 1.3}])
     acceptance = pd.DataFrame([{"pair": "q4-q8", "mode": "greedy", "k": 4,

@@ -9,11 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from decodelab import changepoints as cp
-from decodelab import memory, onsets, phases, stability, variance
-from decodelab.config import SpikeRule, Stability
-from decodelab.regimes import detect_spikes, repeat_ratios, spike_summary, spike_table
-from decodelab.stats import SWEEP, per_process
+from decodelab.analysis import changepoints as cp
+from decodelab.analysis import stability, variance
+from decodelab.analysis.regimes import detect_spikes, repeat_ratios, spike_summary, spike_table
+from decodelab.analysis.stats import SWEEP, per_process
+from decodelab.config.settings import SpikeRule, Stability
+from decodelab.studies.sweep import memory, onsets, phases
 
 BUDGETS = [8, 16, 24, 32, 48, 64, 96, 128, 160, 192]
 BY = ["experiment", "backend", "model", "family", "dtype", "prompt_len", "use_cache"]
@@ -377,8 +378,8 @@ def mixed_runs() -> pd.DataFrame:
 
 
 def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
-    from decodelab import figures
-    from decodelab.paper import regime_depth
+    from decodelab.report import figures
+    from decodelab.studies.sweep import paper_depth as regime_depth
 
     rc, stats_dir = run_verb(tmp_path, mixed_runs())
     assert rc == 0
@@ -407,7 +408,7 @@ def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
 
 
 def test_paper_macros_without_the_rule_are_placeholders(tmp_path):
-    from decodelab.paper import regime_depth
+    from decodelab.studies.sweep import paper_depth as regime_depth
 
     assert regime_depth.read_regime_depth(tmp_path) is None
     section = regime_depth.parts(tmp_path, {"regimes": DEPTH_SPEC})
@@ -438,7 +439,7 @@ def test_verb_rejects_bad_input_with_a_message(tmp_path, capsys):
 
 
 def test_step_ups_reach_the_papers_macros(tmp_path):
-    from decodelab.paper import regime_depth
+    from decodelab.studies.sweep import paper_depth as regime_depth
 
     runs = raw_runs(0)
     longest = runs["budget"] == runs["budget"].max()
@@ -504,7 +505,7 @@ def ablation_runs(seed: int, on_spike: float = 1.0, off_spike: float = 1.0, inde
 
 @pytest.mark.parametrize("seed", range(5))
 def test_planted_cache_on_spike_collapses_the_speedup(seed):
-    from decodelab import collapse
+    from decodelab.studies.sweep import collapse
 
     runs = ablation_runs(seed, on_spike=5.0)
     out = collapse.kv_collapse(per_process(runs), rule(runs), 2, 1.5, 0.05)
@@ -517,7 +518,7 @@ def test_planted_cache_on_spike_collapses_the_speedup(seed):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_negative_control_spike_in_both_modes_is_no_collapse(seed):
-    from decodelab import collapse
+    from decodelab.studies.sweep import collapse
 
     runs = ablation_runs(seed, on_spike=5.0, off_spike=5.0)
     out = collapse.kv_collapse(per_process(runs), rule(runs), 2, 1.5, 0.05)
@@ -527,7 +528,7 @@ def test_negative_control_spike_in_both_modes_is_no_collapse(seed):
 
 
 def test_no_spike_means_not_applicable():
-    from decodelab import collapse
+    from decodelab.studies.sweep import collapse
 
     runs = ablation_runs(0)
     out = collapse.kv_collapse(per_process(runs), rule(runs), 2, 1.5, 0.05)

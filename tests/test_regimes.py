@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from decodelab.regimes import OUTPUT_COLUMNS, detect_spikes, local_trend, theil_sen
+from decodelab.analysis.regimes import OUTPUT_COLUMNS, detect_spikes, local_trend, theil_sen
 
 BUDGETS = np.array([8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512], dtype=float)
 LINEAR = 40.0 + 2.5 * BUDGETS  # prefill + per-token cost, ms

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from dag import ROOT
 
-from decodelab import tables
+from decodelab.core import tables
 
 CHROMIUM = Path("/usr/bin/chromium")
 # A closed network: nothing in Chromium may try to reach out (updates, sync, QUIC probes).
@@ -49,7 +49,7 @@ def figure_categories() -> dict[str, str]:
 
 def expected_categories() -> set[str]:
     """The figures' categories and the merged tables' (the merge_hosts rule reads them from
-    decodelab.tables)."""
+    decodelab.core.tables)."""
     return set(figure_categories().values()) | {t.category for t in tables.TABLES}
 
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 from scipy import stats
 
-from decodelab.sampling import (
+from decodelab.analysis.theory import expected_speedup, expected_tokens_per_call
+from decodelab.engines.sampling import (
     _invert_cdf,
     emitted_distribution,
     greedy_accept,
@@ -14,7 +15,6 @@ from decodelab.sampling import (
     verdict_uniforms,
     warp,
 )
-from decodelab.theory import expected_speedup, expected_tokens_per_call
 
 # A fixed pair with beta = sum(min(p, q)) = 0.45 and a token (3) the draft can never propose.
 P = torch.tensor([0.30, 0.05, 0.20, 0.02, 0.13, 0.10, 0.15, 0.05], dtype=torch.float64)

@@ -2,9 +2,8 @@ import numpy as np
 import pytest
 from costs import CONTEXT, COST
 
-from decodelab import batchsim as bs
-from decodelab.errors import DecodelabError
-from decodelab.scheduler import (
+from decodelab.core.errors import DecodelabError
+from decodelab.engines.scheduler import (
     CostModel,
     Posterior,
     drafts_more,
@@ -14,6 +13,7 @@ from decodelab.scheduler import (
     round_k,
     tokens_per_second,
 )
+from decodelab.studies.batched import sim as bs
 
 HORIZON, K_MAX = 4.0, 10
 SEEDS = (0, 1, 2)

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from decodelab import selection
-from decodelab.config import Confidence, SpikeRule
-from decodelab.paper import noise
+from decodelab.analysis import selection
+from decodelab.config.settings import Confidence, SpikeRule
+from decodelab.report import noise
 
 CI = Confidence(confidence=0.95, bootstrap_resamples=400, seed=7)  # fewer resamples: 200 seeds
 RULE = SpikeRule(window=2, threshold=1.5, consistency=1.0, alpha=0.05)  # reads window, threshold

@@ -5,9 +5,9 @@ import torch
 from llama import ORACLE, draft_logits, tiny_llama, tokens
 from transformers import DynamicCache
 
-from decodelab.errors import DecodelabError
-from decodelab.sparse_kv import POLICIES, Policy, QueryProbe, sparse_view
-from decodelab.speculative import feed
+from decodelab.core.errors import DecodelabError
+from decodelab.engines.sparse_kv import POLICIES, Policy, QueryProbe, sparse_view
+from decodelab.engines.speculative import feed
 
 
 def full_cache(model, ids):

@@ -6,14 +6,15 @@ import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
 
-from decodelab import models, sources, speculative
-from decodelab.config import Sampling
-from decodelab.decode import decode
-from decodelab.devices import available_backends
-from decodelab.errors import DecodelabError
-from decodelab.sampling import speculative_accept
-from decodelab.speculative import autoregressive, feed, generate, rollback
-from decodelab.theory import alpha_from_tokens_per_call
+from decodelab.analysis.theory import alpha_from_tokens_per_call
+from decodelab.backends import models, sources
+from decodelab.backends.devices import available_backends
+from decodelab.config.settings import Sampling
+from decodelab.core.errors import DecodelabError
+from decodelab.engines import speculative
+from decodelab.engines.decode import decode
+from decodelab.engines.sampling import speculative_accept
+from decodelab.engines.speculative import autoregressive, feed, generate, rollback
 
 DEVICE_PAIRS = [(t, d) for t in ("cpu", "cuda", "mps") for d in ("cpu", "cuda", "mps")]
 

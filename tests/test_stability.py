@@ -1,4 +1,5 @@
-"""decodelab.stability: a verdict per configuration and per job from synthetic raw runs, the
+"""decodelab.analysis.stability: a verdict per configuration and per job from synthetic raw runs,
+the
 re-measure command, `make remeasure` and the last line of the Snakemake log."""
 
 import json
@@ -11,12 +12,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from decodelab import cli, stability, stats, tables
-from decodelab.config import Confidence, SpikeRule, Stability, load_settings
-from decodelab.errors import DecodelabError
-from decodelab.io import write_raw, write_table
-from decodelab.regime_depth import with_stability
-from decodelab.regimes import spike_table
+from decodelab import cli
+from decodelab.analysis import stability, stats
+from decodelab.analysis.regimes import spike_table
+from decodelab.config.settings import Confidence, SpikeRule, Stability, load_settings
+from decodelab.core import tables
+from decodelab.core.errors import DecodelabError
+from decodelab.core.io import write_raw, write_table
+from decodelab.studies.sweep.depth import with_stability
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODELAB = Path(sys.executable).parent / "decodelab"  # the CLI of the running environment

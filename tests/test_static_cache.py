@@ -1,4 +1,5 @@
-"""The graph engine's static cache (`decodelab.static_cache`): the logits of transformers' own
+"""The graph engine's static cache (`decodelab.engines.cuda.static_cache`): the logits of
+transformers' own
 `StaticCache` through prompts, steps, verifications and rollbacks, with one position for every
 layer and one write per layer."""
 
@@ -7,9 +8,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, GPT2Config, StaticCache
 
-from decodelab import static_cache
-from decodelab.decode import cache_kwarg
-from decodelab.errors import DecodelabError
+from decodelab.core.errors import DecodelabError
+from decodelab.engines.cuda import static_cache
+from decodelab.engines.decode import cache_kwarg
 
 LAYERS = 3
 

@@ -1,8 +1,8 @@
 import numpy as np
 import pandas as pd
 
-from decodelab import stability, stats
-from decodelab.config import Confidence, Stability
+from decodelab.analysis import stability, stats
+from decodelab.config.settings import Confidence, Stability
 
 CI = Confidence(0.95, 1000, 0)
 

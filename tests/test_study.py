@@ -5,8 +5,10 @@ import random
 import pandas as pd
 import pytest
 
-from decodelab import models, stability, stats, study
-from decodelab.config import Confidence, SpeculativeJob, Stability
+from decodelab.analysis import stability, stats
+from decodelab.backends import models
+from decodelab.config.settings import Confidence, SpeculativeJob, Stability
+from decodelab.studies.speculative import run as study
 
 SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
         "top_p": 1.0, "prompts": 2, "prompt_len": 8, "budget": 12, "hf_assisted": True,
@@ -112,7 +114,7 @@ def test_the_theory_prices_verification_at_what_the_runs_measured(first_span):
 
 
 def test_alpha_inversion_recovers_the_planted_value():
-    from decodelab.theory import alpha_from_tokens_per_call, expected_tokens_per_call
+    from decodelab.analysis.theory import alpha_from_tokens_per_call, expected_tokens_per_call
 
     for alpha in (0.0, 0.3, 0.7, 0.95):
         for k in (1, 4, 8):
@@ -171,7 +173,7 @@ def test_pooled_alpha_reads_a_reference_with_rows_from_before_per_call_proposals
     the old pair's alpha comes from tokens per call, the new pair's from its full-K calls."""
     import pandas as pd
 
-    from decodelab.theory import expected_tokens_per_call
+    from decodelab.analysis.theory import expected_tokens_per_call
 
     old = pd.DataFrame({"pair": "old", "method": "speculative", "mode": "greedy", "k": 4,
                         "tokens": [[0] * 30], "target_calls": [10]})

@@ -1,10 +1,10 @@
 import pytest
 from transformers import AutoConfig
 
-from decodelab import sweep
-from decodelab.config import SweepJob
-from decodelab.devices import config_hash
-from decodelab.errors import DecodelabError
+from decodelab.backends.devices import config_hash
+from decodelab.config.settings import SweepJob
+from decodelab.core.errors import DecodelabError
+from decodelab.studies.sweep import run as sweep
 
 SPEC = {"budgets": [4, 8], "prompt_lengths": [6], "dtype": "float32", "inner_repeats": 2,
         "warmup": 1, "seed": 11}

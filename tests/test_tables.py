@@ -1,4 +1,5 @@
-"""The registry of statistics tables (decodelab.tables): what it declares is what the DAG writes,
+"""The registry of statistics tables (decodelab.core.tables): what it declares is what the DAG
+writes,
 the host contract requires and the readers type; a table added there reaches all three."""
 
 import re
@@ -11,8 +12,8 @@ import pandas as pd
 import pytest
 from dag import ROOT, copy_workflow, snakemake, write_config
 
-from decodelab import hosts, tables
-from decodelab.errors import DecodelabError
+from decodelab.core import hosts, tables
+from decodelab.core.errors import DecodelabError
 
 HOST = "testhost"
 TOY = tables.speculative("toy", ("k",))  # a new table of the speculative study
@@ -68,7 +69,7 @@ def test_ordered_backends():
 
 
 def test_the_dag_imports_the_registry_without_pandas_or_torch():
-    code = ("import sys, decodelab.tables; "
+    code = ("import sys, decodelab.core.tables; "
             "print(sorted({'pandas', 'torch', 'transformers'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

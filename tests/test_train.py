@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config
 
-from decodelab import models, sources
-from decodelab import train as T
-from decodelab.errors import DecodelabError
+from decodelab.backends import models, sources
+from decodelab.backends import train as T
+from decodelab.core.errors import DecodelabError
 
 TINY = {
     "source": "train", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 64,

@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 from llama import tiny_llama, tokens
 
-from decodelab import cli, sources, verify
-from decodelab import equivalence as eq
-from decodelab.config import Pair, Verification
-from decodelab.errors import DecodelabError
-from decodelab.io import read_report
-from decodelab.longctx import first_draft_log_probs
-from decodelab.sparse_kv import Policy
+from decodelab import cli
+from decodelab.backends import sources
+from decodelab.config.settings import Pair, Verification
+from decodelab.core.errors import DecodelabError
+from decodelab.core.io import read_report
+from decodelab.engines.longctx import first_draft_log_probs
+from decodelab.engines.sparse_kv import Policy
+from decodelab.studies.verification import equivalence as eq
+from decodelab.studies.verification import run as verify
 
 SPEC = Verification.from_spec({"k": 2, "alpha": 0.01, "seeds": 3, "seed": 5,
         "exact": {"random_pairs": 12, "vocab_sizes": [2, 50], "concentrations": [0.5, 5.0],

@@ -21,7 +21,7 @@ from dag import (
     write_config,
 )
 
-from decodelab.probe import backend_available
+from decodelab.core.probe import backend_available
 
 
 def swept_backends(profile: Path) -> list[str]:

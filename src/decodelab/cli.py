@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from .config import PREFLIGHT_ENV
-from .errors import DecodelabError
+from decodelab.config.settings import PREFLIGHT_ENV
+from decodelab.core.errors import DecodelabError
 
 
 def typed(settings: type, text: str, arg: str = "--spec"):
@@ -41,9 +41,9 @@ def open_job(args, *backends: str, settings: type | None = None):
         spec = json.loads(args.spec) if args.spec else None
     import torch
 
-    from .config import Machine
-    from .devices import backend_problem, claim_gpu
-    from .machine import preflight
+    from decodelab.backends.devices import backend_problem, claim_gpu
+    from decodelab.backends.machine import preflight
+    from decodelab.config.settings import Machine
 
     for backend in backends:
         if problem := backend_problem(backend):
@@ -58,16 +58,16 @@ def open_job(args, *backends: str, settings: type | None = None):
 
 
 def prepare_model(args):
-    from . import sources
+    from decodelab.backends import sources
 
     sources.prepare(open_job(args), args.out, teacher_dir=args.teacher_dir,
                     positions_needed=args.positions_needed)
 
 
 def sweep(args):
-    from . import sweep as sw
-    from .config import SweepJob
-    from .io import write_raw
+    from decodelab.config.settings import SweepJob
+    from decodelab.core.io import write_raw
+    from decodelab.studies.sweep import run as sw
 
     spec = open_job(args, args.backend, settings=SweepJob)
     df = sw.run(args.model_dir, args.model, args.backend, spec, args.repeat, args.experiment)
@@ -75,8 +75,8 @@ def sweep(args):
 
 
 def collect(args):
-    from . import stats
-    from .io import write_table
+    from decodelab.analysis import stats
+    from decodelab.core.io import write_table
 
     runs = stats.read_runs(args.runs, args.host)
     write_table(runs, args.out)
@@ -86,8 +86,8 @@ def collect(args):
 def skipped(args):
     import pandas as pd
 
-    from .io import write_table
-    from .probe import why_unavailable
+    from decodelab.core.io import write_table
+    from decodelab.core.probe import why_unavailable
 
     rows = [{"host": args.host, "backend": b, "reason": why_unavailable(b)} for b in args.backends]
     rows += [{"host": args.host, **row} for row in json.loads(args.also)]
@@ -98,7 +98,7 @@ def read_verdicts(path: str, study: str):
     """A verdicts_<study>.csv table (the `verdicts` verb's), typed."""
     import pandas as pd
 
-    from . import tables
+    from decodelab.core import tables
 
     try:
         return tables.typed(pd.read_csv(path), tables.table(f"verdicts_{study}"))
@@ -108,9 +108,9 @@ def read_verdicts(path: str, study: str):
 
 
 def verdicts(args):
-    from . import stability, stats
-    from .config import Stability
-    from .io import write_table
+    from decodelab.analysis import stability, stats
+    from decodelab.config.settings import Stability
+    from decodelab.core.io import write_table
 
     runs = stats.read_raw_runs(args.runs, args.study)
     limits = typed(Stability, args.spec)
@@ -118,9 +118,9 @@ def verdicts(args):
 
 
 def statistics(args):
-    from . import stats
-    from .config import Confidence
-    from .io import read_table, write_table
+    from decodelab.analysis import stats
+    from decodelab.config.settings import Confidence
+    from decodelab.core.io import read_table, write_table
 
     runs, ci = read_table(args.runs), typed(Confidence, args.spec)
     verdict = read_verdicts(args.verdicts, "sweep")
@@ -129,10 +129,10 @@ def statistics(args):
 
 
 def regimes(args):
-    from . import regimes as rg
-    from . import stats
-    from .config import SpikeRule
-    from .io import read_table, write_table
+    from decodelab.analysis import regimes as rg
+    from decodelab.analysis import stats
+    from decodelab.config.settings import SpikeRule
+    from decodelab.core.io import read_table, write_table
 
     rule = typed(SpikeRule, args.spec)
     runs = read_table(args.runs)
@@ -141,10 +141,10 @@ def regimes(args):
 
 
 def selection(args):
-    from . import stats
-    from .config import Confidence, SpikeRule
-    from .io import read_table, write_table
-    from .selection import selection_table, spec_cells
+    from decodelab.analysis import stats
+    from decodelab.analysis.selection import selection_table, spec_cells
+    from decodelab.config.settings import Confidence, SpikeRule
+    from decodelab.core.io import read_table, write_table
 
     spec_runs = stats.read_raw_runs(args.speculative, "speculative")
     cells = spec_cells(spec_runs) if len(spec_runs) else spec_runs
@@ -154,24 +154,25 @@ def selection(args):
 
 
 def regime_depth(args):
-    from . import tables
-    from .config import Regimes
-    from .regime_depth import depth_tables
+    from decodelab.config.settings import Regimes
+    from decodelab.core import tables
+    from decodelab.studies.sweep.depth import depth_tables
 
     frames = depth_tables(Path(args.runs), Path(args.regimes), typed(Regimes, args.spec))
     tables.write_group(args.out, "regime_depth", frames)
 
 
 def figures(args):
-    from . import figures as fg
+    from decodelab.report import figures as fg
 
     fg.draw_all(Path(args.stats), Path(args.out))
 
 
 def speculative(args):
-    from . import quantized, study
-    from .config import SpeculativeJob
-    from .io import write_raw
+    from decodelab.config.settings import SpeculativeJob
+    from decodelab.core.io import write_raw
+    from decodelab.studies.quantized import run as quantized
+    from decodelab.studies.speculative import run as study
 
     pair = recorded_pair(args)
     spec = open_job(args, pair["target_device"], pair["draft_device"], settings=SpeculativeJob)
@@ -183,7 +184,7 @@ def speculative(args):
 def recorded_pair(args) -> dict:
     """--pair-spec, checked as a typed Pair, as the raw file records it (columns pair_*): its
     keys as given, in their order, with the GGUF files of its llama.cpp roles."""
-    from .config import Pair
+    from decodelab.config.settings import Pair
 
     typed(Pair, args.pair_spec, "--pair-spec")
     return json.loads(args.pair_spec) | {
@@ -192,16 +193,16 @@ def recorded_pair(args) -> dict:
 
 
 def convert_gguf(args):
-    from .gguf_convert import convert
+    from decodelab.backends.gguf_convert import convert
 
     convert(args.model_dir, args.type, args.out_dir)
 
 
 def verify_cost(args):
-    from . import quantized
-    from .config import ParallelismJob
-    from .io import write_raw
-    from .study import parallelism_rows
+    from decodelab.config.settings import ParallelismJob
+    from decodelab.core.io import write_raw
+    from decodelab.studies.quantized import run as quantized
+    from decodelab.studies.speculative.run import parallelism_rows
 
     spec = open_job(args, args.device, settings=ParallelismJob)
     df = quantized.verify_cost_job(args.gguf, args.model, args.device, spec, args.repeat,
@@ -210,9 +211,9 @@ def verify_cost(args):
 
 
 def llama_peer(args):
-    from . import llamapeer
-    from .config import SpeculativeJob
-    from .io import write_raw
+    from decodelab.backends import llamapeer
+    from decodelab.config.settings import SpeculativeJob
+    from decodelab.core.io import write_raw
 
     spec = open_job(args, args.device, settings=SpeculativeJob)
     df = llamapeer.peer_job(args.pair, args.target_gguf, args.draft_gguf, args.target_dir, spec,
@@ -221,9 +222,10 @@ def llama_peer(args):
 
 
 def quantized_stats(args):
-    from . import quantized_stats as qs
-    from . import stats, tables
-    from .config import Confidence
+    from decodelab.analysis import stats
+    from decodelab.config.settings import Confidence
+    from decodelab.core import tables
+    from decodelab.studies.quantized import tables as qs
 
     ci = typed(Confidence, args.spec)
     verify = stats.read_raw_runs(args.verify_cost, "parallelism")
@@ -239,9 +241,9 @@ def quantized_stats(args):
 
 
 def long_context(args):
-    from . import longstudy
-    from .config import LongJob
-    from .io import write_raw
+    from decodelab.config.settings import LongJob
+    from decodelab.core.io import write_raw
+    from decodelab.studies.long import run as longstudy
 
     spec = open_job(args, args.backend, settings=LongJob)
     drafters = dict(d.split("=", 1) for d in args.drafter_dir)
@@ -250,9 +252,9 @@ def long_context(args):
 
 
 def batched_throughput(args):
-    from . import batchstudy
-    from .config import BatchedJob
-    from .io import write_raw
+    from decodelab.config.settings import BatchedJob
+    from decodelab.core.io import write_raw
+    from decodelab.studies.batched import run as batchstudy
 
     spec = open_job(args, args.backend, settings=BatchedJob)
     runs, costs = batchstudy.run(args.target_dir, args.draft_dir, args.backend, spec,
@@ -262,8 +264,10 @@ def batched_throughput(args):
 
 
 def batched_stats(args):
-    from . import batchstats, stats, tables
-    from .config import Confidence
+    from decodelab.analysis import stats
+    from decodelab.config.settings import Confidence
+    from decodelab.core import tables
+    from decodelab.studies.batched import tables as batchstats
 
     runs = stats.read_raw_runs(args.runs, "batched")
     costs = stats.read_raw_runs(args.costs, "batched")
@@ -272,17 +276,19 @@ def batched_stats(args):
 
 
 def long_stats(args):
-    from . import longstats, stats, tables
-    from .config import Confidence
+    from decodelab.analysis import stats
+    from decodelab.config.settings import Confidence
+    from decodelab.core import tables
+    from decodelab.studies.long import tables as longstats
 
     runs = stats.read_raw_runs(args.runs, "long")
     tables.write_group(args.out, "long", longstats.tables(runs, typed(Confidence, args.spec)))
 
 
 def parallelism(args):
-    from . import study
-    from .config import ParallelismJob
-    from .io import write_raw
+    from decodelab.config.settings import ParallelismJob
+    from decodelab.core.io import write_raw
+    from decodelab.studies.speculative import run as study
 
     spec = open_job(args, args.backend, settings=ParallelismJob)
     df = study.parallelism_job(args.model_dir, args.model, args.backend, spec, args.repeat)
@@ -290,8 +296,9 @@ def parallelism(args):
 
 
 def speculative_stats(args):
-    from . import stats, tables
-    from .config import Confidence
+    from decodelab.analysis import stats
+    from decodelab.config.settings import Confidence
+    from decodelab.core import tables
 
     ci = typed(Confidence, args.spec)
     runs = stats.read_raw_runs(args.runs, "speculative")
@@ -308,9 +315,10 @@ def speculative_stats(args):
 
 
 def stability_tables(args):
-    from . import stability, stats, tables
-    from .config import Stability
-    from .io import read_table
+    from decodelab.analysis import stability, stats
+    from decodelab.config.settings import Stability
+    from decodelab.core import tables
+    from decodelab.core.io import read_table
 
     runs = {"sweep": read_table(args.runs),
             "speculative": stats.read_raw_runs(args.speculative, "speculative"),
@@ -322,7 +330,7 @@ def stability_tables(args):
 
 
 def remeasure(args):
-    from .stability import files_to_remeasure
+    from decodelab.analysis.stability import files_to_remeasure
 
     files = files_to_remeasure(args.stability)
     if files:
@@ -330,10 +338,10 @@ def remeasure(args):
 
 
 def verify(args):
-    from . import verify as vf
-    from .config import Pair, Verification
-    from .devices import set_sdp_backends
-    from .io import write_report
+    from decodelab.backends.devices import set_sdp_backends
+    from decodelab.config.settings import Pair, Verification
+    from decodelab.core.io import write_report
+    from decodelab.studies.verification import run as vf
 
     pair = typed(Pair, args.pair_spec) if args.level == "real" else None
     spec = open_job(args, *(pair.devices if pair else ()), settings=Verification)
@@ -352,9 +360,9 @@ def verify(args):
 
 
 def verify_long(args):
-    from . import verify as vf
-    from .config import LongVerificationJob, Verification
-    from .io import write_report
+    from decodelab.config.settings import LongVerificationJob, Verification
+    from decodelab.core.io import write_report
+    from decodelab.studies.verification import run as vf
 
     job = typed(LongVerificationJob, args.long_spec)
     spec = open_job(args, job.device, settings=Verification)
@@ -377,8 +385,8 @@ REPORT_KEYS = {"levels": "results"}  # a verification table -> its rows' key in 
 def verification_stats(args):
     import pandas as pd
 
-    from . import tables
-    from .io import read_report
+    from decodelab.core import tables
+    from decodelab.core.io import read_report
 
     reports = [read_report(p, verify_rule(p)) for p in args.reports]
     frames = {}
@@ -389,7 +397,7 @@ def verification_stats(args):
 
 
 def verification_figures(args):
-    from . import figures as fg
+    from decodelab.report import figures as fg
 
     fg.verification_figures(Path(args.stats), Path(args.out))
 
@@ -397,9 +405,10 @@ def verification_figures(args):
 def bench(args):
     """Ours against HF assisted generation and plain decoding, side by side in one process: the
     study's settings from --config, greedy, on one of its configurations."""
-    from . import stats, study
-    from .config import bench_settings
-    from .io import write_table
+    from decodelab.analysis import stats
+    from decodelab.config.settings import bench_settings
+    from decodelab.core.io import write_table
+    from decodelab.studies.speculative import run as study
 
     pair, spec = bench_settings(args.config, args.pair, ks=args.ks, prompts=args.prompts,
                                 budget=args.budget)
@@ -414,45 +423,45 @@ def bench(args):
 def model_table(args):
     import pandas as pd
 
-    from .io import write_table
-    from .models import read_manifest
+    from decodelab.backends.models import read_manifest
+    from decodelab.core.io import write_table
 
     rows = [{"model": Path(d).name, **read_manifest(d)} for d in args.model_dirs]
     write_table(pd.DataFrame(rows), args.out)
 
 
 def spec_figures(args):
-    from . import figures as fg
+    from decodelab.report import figures as fg
 
     fg.speculative_figures(Path(args.stats), Path(args.out))
 
 
 def quantized_figures(args):
-    from . import figures as fg
+    from decodelab.report import figures as fg
 
     fg.quantized_figures(Path(args.stats), Path(args.out))
 
 
 def long_figures(args):
-    from . import figures as fg
+    from decodelab.report import figures as fg
 
     fg.long_figures(Path(args.stats), Path(args.out))
 
 
 def batched_figures(args):
-    from . import figures as fg
+    from decodelab.report import figures as fg
 
     fg.batched_figures(Path(args.stats), Path(args.out))
 
 
 def settings(args):
-    from .io import write_json
+    from decodelab.core.io import write_json
 
     write_json(json.loads(args.spec), args.out)
 
 
 def paper(args):
-    from .paper.build import build
+    from decodelab.paper.build import build
 
     settings = json.loads(Path(args.settings).read_text())
     build(Path(args.sources), Path(args.stats), Path(args.figures), settings,
@@ -472,7 +481,7 @@ def positive_count(text: str) -> int:
 
 
 def import_results(args):
-    from . import hosts
+    from decodelab.core import hosts
 
     limits = {"max_bytes": args.max_bytes, "max_file_bytes": args.max_file_bytes,
               "max_files": args.max_files}
@@ -484,15 +493,15 @@ def import_results(args):
 
 
 def merge_hosts(args):
-    from . import hosts
+    from decodelab.core import hosts
 
     roots = dict(pair.split("=", 1) for pair in args.hosts)
     hosts.merge({h: Path(r) for h, r in roots.items()}, args.local, Path(args.out), args.tables)
 
 
 def compare_reference(args):
-    from . import reference
-    from .io import write_table
+    from decodelab.core.io import write_table
+    from decodelab.report import reference
 
     refs = reference.reference_dirs(Path(args.references))
     table = reference.compare(Path(args.stats), refs)
@@ -503,8 +512,8 @@ def compare_reference(args):
 
 
 def benchmark_summary(args):
-    from . import benchmarks
-    from .io import write_table
+    from decodelab.core.io import write_table
+    from decodelab.report import benchmarks
 
     write_table(benchmarks.summarise(args.files), args.out)
 
@@ -512,7 +521,7 @@ def benchmark_summary(args):
 def artifact_times(args):
     import pandas as pd
 
-    from . import benchmarks
+    from decodelab.report import benchmarks
 
     bench = pd.read_csv(args.benchmarks)
     if "host" not in bench:

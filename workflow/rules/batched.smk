@@ -1,4 +1,4 @@
-# Batched speculation without a shared schedule (decodelab.batchstudy, config 'batched'): one
+# Batched speculation without a shared schedule (decodelab.studies.batched.run, config 'batched'): one
 # process per repeat on the configured device, each every batch size x context x mode over its
 # rounds of held-out prompts, beside the forward timings its scheduler's cost model is fitted
 # to; then its tables. Without config 'batched', or on a host without its device,

@@ -1,6 +1,6 @@
 # Shared helpers: backends that run here and those skipped, job settings as CLI arguments, where
 # and on what each job runs. The host and the names were checked before (names.smk); every check
-# is decodelab.config's, run through `checked`.
+# is decodelab.config.settings's, run through `checked`.
 import json
 import os
 import re
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
 
-from decodelab import tables
-from decodelab.config import (
+from decodelab.core import tables
+from decodelab.config.settings import (
     QUANT_TYPES,
     check_changepoints,
     check_cluster_backends,
@@ -26,8 +26,8 @@ from decodelab.config import (
     quantized_plan,
     sweep_backends,
 )
-from decodelab.probe import backend_available, why_unavailable
-from decodelab.sizes import export_limits
+from decodelab.core.probe import backend_available, why_unavailable
+from decodelab.core.sizes import export_limits
 
 checked(check_cluster_backends, SETTINGS)
 BACKENDS, SKIPPED = checked(plan_backends, SETTINGS, backend_available, why_unavailable)

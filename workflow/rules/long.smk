@@ -1,4 +1,4 @@
-# The long-context study (decodelab.longstudy, config 'long'): one process per repeat on the
+# The long-context study (decodelab.studies.long.run, config 'long'): one process per repeat on the
 # configured device, each the whole L x KV budget x policy x drafter x mode x K grid over
 # held-out documents with the target alone beside it; then its tables (its figures are in
 # figures.smk). Without config 'long', or on a host without its device, long_stats writes the

@@ -1,13 +1,13 @@
 # Names that become path components (the host, models, pairs) and the trees this run may write,
 # checked from the config alone, before the rules that need torch are read. The checks are
-# decodelab.config's; the name rule itself is decodelab.names, and the schema has already held
+# decodelab.config.settings's; the name rule itself is decodelab.core.names, and the schema has already held
 # every name to it.
 import re
 import socket
 
 from snakemake.exceptions import WorkflowError
 
-from decodelab.config import (
+from decodelab.config.settings import (
     Settings,
     check_engines,
     check_hosts,
@@ -16,12 +16,12 @@ from decodelab.config import (
     check_verification_pairs,
     this_host,
 )
-from decodelab.errors import DecodelabError
-from decodelab.names import NAME_REGEX
+from decodelab.core.errors import DecodelabError
+from decodelab.core.names import NAME_REGEX
 
 
 def checked(check, *args):
-    """Run a decodelab.config check: its error stops the DAG, as one line."""
+    """Run a decodelab.config.settings check: its error stops the DAG, as one line."""
     try:
         return check(*args)
     except DecodelabError as err:

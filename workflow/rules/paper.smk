@@ -1,6 +1,6 @@
 # The tables and figures the paper reads. merge_hosts writes the tables of this host and of
 # every imported one (config 'hosts') to results/combined/stats/; the figure rules draw
-# results/combined/figures/ from them. The tables are decodelab.tables'.
+# results/combined/figures/ from them. The tables are decodelab.core.tables'.
 PAPER_FIGURES = [
     "latency",
     "kv_speedup",

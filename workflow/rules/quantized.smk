@@ -1,4 +1,4 @@
-# The quantized backend (llama.cpp through llama-cpp-python, decodelab.quantized): a GGUF per
+# The quantized backend (llama.cpp through llama-cpp-python, decodelab.studies.quantized.run): a GGUF per
 # model x type, the verify cost of each type on each device, and the quantized pairs' GGUF
 # inputs. The GGUF files live in results/gguf/<model>/, beside prepare_model's directory
 # output, which may not contain another rule's output.

@@ -41,7 +41,7 @@ rule verify_monte_carlo:
 
 
 # Level 3 times nothing, so it does not hold `bench_cpu`; on the CPU its threads become
-# processes that draw its samples side by side (decodelab/equivalence.py: in_processes).
+# processes that draw its samples side by side (decodelab/studies/verification/equivalence.py: in_processes).
 rule verify_real:
     input:
         target=lambda wc: f"results/models/{PAIRS[wc.pair].target}",

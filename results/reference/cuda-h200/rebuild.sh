@@ -10,7 +10,7 @@ R=results/reference/cuda-h200
 O=${1:-$R}
 S=$O/stats F=$O/figures
 # what the DAG's rules pass: settings SECTION [METHOD (default job_spec)]
-settings() { python3 -c "import json, sys; from decodelab.config import load_settings
+settings() { python3 -c "import json, sys; from decodelab.config.settings import load_settings
 section = getattr(load_settings('config/gpu.yaml'), sys.argv[1])
 print(json.dumps(getattr(section, sys.argv[2])(), sort_keys=True))" "$1" "${2:-job_spec}"; }
 sweeps=$(ls "$R"/raw/cuda/{sweep,ablation}/*/rep*.parquet)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import reference as rf
-from .. import tables
-from ..selection import spec_label
-from .section import Section
-from .settings import PARALLEL_K
-from .tex import (
+from decodelab.analysis.selection import spec_label
+from decodelab.core import tables
+from decodelab.report import reference as rf
+from decodelab.report.section import Section
+from decodelab.report.settings import PARALLEL_K
+from decodelab.report.tex import (
     NONE,
     camel,
     human_list,
@@ -29,7 +29,7 @@ from .tex import (
     tex_escape,
     tt,
 )
-from .verification import WRONG_SAMPLERS
+from decodelab.studies.verification.paper import WRONG_SAMPLERS
 
 
 def text(value) -> str:

@@ -12,24 +12,20 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..errors import DecodelabError
-from ..io import atomic
-from . import (
-    artifact,
-    batched,
-    environment,
-    latency,
-    long,
-    noise,
-    pays,
-    quantized,
-    regime_depth,
-    settings,
-    speculative,
-    verification,
-)
-from .section import Section
-from .tex import macros_tex
+from decodelab.core.errors import DecodelabError
+from decodelab.core.io import atomic
+from decodelab.paper import artifact
+from decodelab.report import environment, noise, settings
+from decodelab.report.section import Section
+from decodelab.report.tex import macros_tex
+from decodelab.studies.batched import paper as batched
+from decodelab.studies.long import paper as long
+from decodelab.studies.quantized import paper as quantized
+from decodelab.studies.speculative import paper as speculative
+from decodelab.studies.speculative import pays
+from decodelab.studies.sweep import paper as latency
+from decodelab.studies.sweep import paper_depth as regime_depth
+from decodelab.studies.verification import paper as verification
 
 SECTIONS = (settings, environment, noise, latency, speculative, pays, quantized, long, batched,
             verification, regime_depth, artifact)

@@ -11,11 +11,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, "src")
-from decodelab import attention as cur  # noqa: E402
+from decodelab.engines.cuda import attention as cur  # noqa: E402
 
 
 def load(name):
-    """decodelab.attention at an earlier commit, its op renamed to `name` (.gpu/attention_*.py)."""
+    """decodelab.engines.cuda.attention at an earlier commit, its op renamed to `name` (.gpu/attention_*.py)."""
     spec = importlib.util.spec_from_file_location(name, f".gpu/attention_{name[-7:]}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

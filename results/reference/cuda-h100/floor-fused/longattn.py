@@ -5,7 +5,7 @@ script before it was reformatted for the linter; what it does is unchanged.)"""
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from decodelab import attention
+from decodelab.engines.cuda import attention
 
 
 def timed(fn, n=200):

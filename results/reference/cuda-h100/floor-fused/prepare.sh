@@ -9,7 +9,7 @@ mkdir -p .gpu .whl
 grep -qsx '/.gpu/' .git/info/exclude || echo /.gpu/ >> .git/info/exclude
 grep -qsx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
 cp "$here/attend.sh" "$here/attn_graph.py" .gpu/
-old() { git show "$1:src/decodelab/attention.py" | sed "s/\"decodelab::attend\"/\"$2::attend\"/"; }
+old() { git show "$1:src/decodelab/engines/cuda/attention.py" | sed "s/\"decodelab::attend\"/\"$2::attend\"/"; }
 old 982625f old982625f > .gpu/attention_982625f.py
 old 150c86a beside6bbc414 > .gpu/attention_6bbc414.py
 git rev-parse HEAD > .gpu/commit

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, "src")
-from decodelab import matvec  # noqa: E402
+from decodelab.engines.cuda import matvec  # noqa: E402
 
 CALLS, REPS = 48, 20
 SHAPES = {"gpt2-xl": [("qkv", 4800, 1600, True), ("proj", 1600, 1600, True),
@@ -88,7 +88,7 @@ def shape(model, name, n, k, bias):
         report(label, lambda i, fn=fn: fn(x, ws[i], bs[i]))
     bk = min(matvec.BLOCK_K, triton.next_power_of_2(k))
     report(f"matvec default {matvec.BN}/{bk}/{matvec.WARPS}",
-           lambda i: torch.ops.decodelab.matvec(x, ws[i], bs[i], False))
+           lambda i: torch.ops.decodelab.engines.cuda.matvec(x, ws[i], bs[i], False))
     for bn, bk, warps in GRID if model == "gpt2-xl" else SMALL_GRID:
         if bk <= 2 * triton.next_power_of_2(k):
             report(f"matvec {bn}/{bk}/{warps}",

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, "src")
-from decodelab import fused, matvec  # noqa: E402
+from decodelab.engines.cuda import fused, matvec  # noqa: E402
 
 WIDTH, LAYERS, REPS = 1600, 48, 20
 CUDA = torch.cuda.is_available()
@@ -102,7 +102,7 @@ def shape(name, out_features, gelu, compiled_norm):
     ws, bias, g, beta, h, a = layers(out_features)
     s_out, out = torch.empty_like(h), h.new_empty(1, out_features)
     s, y = add_norm(h, a, g, beta)
-    want = torch.ops.decodelab.matvec(y, ws[0], bias, gelu)
+    want = torch.ops.decodelab.engines.cuda.matvec(y, ws[0], bias, gelu)
     got = folded(h, a, s_out, g, beta, ws[0], bias, out, gelu)
     err = (got.float() - want.float()).abs().max().item()
     same_s = torch.equal(s_out, s)
@@ -113,11 +113,11 @@ def shape(name, out_features, gelu, compiled_norm):
     def unfused():
         for w in ws:
             s, y = compiled_norm(h, a, g, beta)
-            torch.ops.decodelab.matvec(y, w, bias, gelu)
+            torch.ops.decodelab.engines.cuda.matvec(y, w, bias, gelu)
 
     def product():
         for w in ws:
-            torch.ops.decodelab.matvec(h, w, bias, gelu)
+            torch.ops.decodelab.engines.cuda.matvec(h, w, bias, gelu)
 
     def one_kernel():
         for w in ws:

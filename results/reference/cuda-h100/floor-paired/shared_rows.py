@@ -11,7 +11,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, "src")
-from decodelab import attention  # noqa: E402
+from decodelab.engines.cuda import attention  # noqa: E402
 
 HEADS, D, CALLS, REPS = 25, 64, 48, 20
 

@@ -14,11 +14,11 @@ import sys
 
 import torch
 
-from decodelab.capture import Recorder
-from decodelab.config import GREEDY, Sampling
-from decodelab.graphs import allow_recompiles
-from decodelab.pipelined import Buffers, decide
-from decodelab.sampling import wide
+from decodelab.config.settings import GREEDY, Sampling
+from decodelab.engines.cuda.capture import Recorder
+from decodelab.engines.cuda.graphs import allow_recompiles
+from decodelab.engines.pipelined import Buffers, decide
+from decodelab.engines.sampling import wide
 
 allow_recompiles()
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -8,10 +8,11 @@ import sys
 
 import torch
 
-from decodelab import graphs, models
-from decodelab.config import GREEDY, Sampling
-from decodelab.pipelined import room
-from decodelab.speculative import generate
+from decodelab.backends import models
+from decodelab.config.settings import GREEDY, Sampling
+from decodelab.engines.cuda import graphs
+from decodelab.engines.pipelined import room
+from decodelab.engines.speculative import generate
 
 fuse, dtype = sys.argv[1] == "1", sys.argv[2]
 ks = [int(k) for k in sys.argv[3].split(",")] if len(sys.argv) > 3 else range(1, 9)

@@ -4,7 +4,7 @@
 #   results/reference/cuda-h200/batched/rebuild.sh
 set -euo pipefail
 R=results/reference/cuda-h200/batched
-spec=$(python3 -c "import json; from decodelab.config import load_settings
+spec=$(python3 -c "import json; from decodelab.config.settings import load_settings
 print(json.dumps(load_settings('config.yaml').stats.job_spec(), sort_keys=True))")
 decodelab batched-stats --spec "$spec" --out "$R/stats" --runs "$R/throughput.parquet" \
   --costs "$R/costs.parquet"

@@ -13,7 +13,7 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, "src")
-from decodelab import onsets  # noqa: E402
+from decodelab.studies.sweep import onsets  # noqa: E402
 
 HERE = Path(__file__).parent
 ONSETS = yaml.safe_load(Path("config/gpu.yaml").read_text())["regimes"]["onsets"]

@@ -2,7 +2,7 @@
 process: attention on SDPA's math backend, Conv1D weights in the Linear layout, and
 coordinate-descent tuning. Run from the repository root (floor2.sh). Since the run: reformatted
 for the linter, and its Conv1D swap and backend switch moved into the project (the same code):
-`as_linears` into decodelab.fused, `math_attention` into scripts/gpu_pair.py.
+`as_linears` into decodelab.engines.cuda.fused, `math_attention` into scripts/gpu_pair.py.
 Usage: floor2.py OUT VARIANTS PRESETS SECONDS"""
 
 import copy
@@ -16,9 +16,10 @@ from transformers import AutoModelForCausalLM
 sys.path.insert(0, "scripts")
 import gpu_pair as gp  # noqa: E402
 
-from decodelab import graphs, sources  # noqa: E402
-from decodelab.decode import decode  # noqa: E402
-from decodelab.fused import as_linears  # noqa: E402
+from decodelab.backends import sources  # noqa: E402
+from decodelab.engines.cuda import graphs
+from decodelab.engines.cuda.fused import as_linears  # noqa: E402
+from decodelab.engines.decode import decode  # noqa: E402
 
 CDT = {"coordinate_descent_tuning": True}
 # compiled_math reused compiled's compilation (same model object: dynamo's guards passed), so it

@@ -36,7 +36,7 @@ l._ctx.kv_cache_seq_rm(-1, 2, -1); l.n_tokens = 2; l.eval([5]); print("OK", mode
 PY
 for m in plain torch torchcuda; do echo "== $m"; timeout 60 python3 -X faulthandler /tmp/probe.py $m >$OUT/p/probe_$m.log 2>&1; echo "rc=$?"; grep -v "^llama_model_loader\|^print_info\|^load_tensors:  *\|^llama_context\|^llama_kv" $OUT/p/probe_$m.log | tail -25; done
 echo "== engine"; timeout 60 python3 -X faulthandler -c "
-from decodelab.llamacpp import Engine; import torch
+from decodelab.backends.llamacpp import Engine; import torch
 e = Engine('/tmp/g/F16.gguf', device='cuda'); c = e.new_cache()
 print(e(torch.tensor([[1,2,3]]), past_key_values=c).logits.shape); c.crop(-1); print('OK engine')" 2>&1 | tail -25
 tar czf $OUT/probe.tgz -C $OUT p

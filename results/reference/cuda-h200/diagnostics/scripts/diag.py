@@ -13,9 +13,9 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 sys.path.insert(0, "src")
-from decodelab.decode import decode, forward_logits  # noqa: E402
-from decodelab.devices import sm_clock_probe  # noqa: E402
-from decodelab.models import preset_config  # noqa: E402
+from decodelab.backends.devices import sm_clock_probe  # noqa: E402
+from decodelab.backends.models import preset_config  # noqa: E402
+from decodelab.engines.decode import decode, forward_logits  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
 dev = torch.device(os.environ.get("DIAG_DEVICE", "cuda"))

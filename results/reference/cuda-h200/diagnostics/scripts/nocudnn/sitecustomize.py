@@ -2,8 +2,8 @@
 stay on), and no clock probe: does the step-up go away?"""
 import torch
 
-import decodelab.devices as d
-import decodelab.sweep as s
+import decodelab.backends.devices as d
+import decodelab.studies.sweep.run as s
 
 torch.backends.cuda.enable_cudnn_sdp(False)
 d.sm_clock_probe = lambda device: None

@@ -1,3 +1,3 @@
-import decodelab.devices as d
+import decodelab.backends.devices as d
 
 d.sm_clock_probe = lambda device: None

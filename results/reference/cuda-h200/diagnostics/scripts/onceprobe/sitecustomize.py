@@ -1,7 +1,7 @@
 import pynvml
 import torch
 
-import decodelab.devices as d
+import decodelab.backends.devices as d
 
 
 def probe_once(device):

@@ -4,8 +4,8 @@ import cProfile
 import os
 from pathlib import Path
 
-import decodelab.devices as d
-import decodelab.sweep as s
+import decodelab.backends.devices as d
+import decodelab.studies.sweep.run as s
 
 d.sm_clock_probe = lambda device: None
 s.sm_clock_probe = d.sm_clock_probe

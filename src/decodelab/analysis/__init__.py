@@ -1,0 +1,2 @@
+"""Statistics every study shares: bootstrap intervals, stability verdicts, selection, variance,
+change points, spikes and the speculative theory."""

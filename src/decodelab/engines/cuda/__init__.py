@@ -1,0 +1,2 @@
+"""The CUDA engine: static caches, CUDA graphs, fused layers and the Triton attention and GEMV
+kernels."""

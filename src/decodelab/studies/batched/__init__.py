@@ -1,0 +1,1 @@
+"""Batched speculation without a shared schedule (ASPIRE's setting)."""

@@ -1,0 +1,1 @@
+"""Long-context drafting with sparse KV views (BudgetDraft's setting)."""

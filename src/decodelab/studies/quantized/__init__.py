@@ -1,0 +1,1 @@
+"""The quantized backend (llama.cpp) as target, draft or peer."""

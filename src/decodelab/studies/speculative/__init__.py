@@ -1,0 +1,1 @@
+"""Speculative decoding: acceptance, speedup and its theory per pair and K."""

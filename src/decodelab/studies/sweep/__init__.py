@@ -1,0 +1,1 @@
+"""Decode-latency sweeps, the KV-cache ablation and the regime analyses."""

@@ -1,0 +1,1 @@
+"""Equivalence of speculative and autoregressive sampling at three levels."""
