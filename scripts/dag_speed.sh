@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# How long `snakemake -n` takes on the default config here against an older commit (#14's "at
-# least 2x faster"), measured side by side: the runs alternate, old then new, ROUNDS times, in
-# one process tree on one machine, each workflow importing its own commit's src/ (PYTHONPATH
-# before the editable install). Prints the medians and their ratio and writes them to
-# results/bench/dag_dry_run.csv.
-#   Usage: scripts/dag_speed.sh [OLD_COMMIT (default: the parent of #14's architecture commit)]
-#          [ROUNDS (default 5)]
+# How long `snakemake -n` takes on the default config here against an older commit, measured
+# side by side: the runs alternate, old then new, ROUNDS times, in one process tree on one
+# machine, each workflow importing its own commit's src/ (PYTHONPATH before the editable
+# install). Prints the medians and their ratio and writes them to results/bench/dag_dry_run.csv.
+#   Usage: scripts/dag_speed.sh [OLD_COMMIT (default 2cae45d^, the workflow before its one
+#          registry of statistics tables)] [ROUNDS (default 5)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=${1:-2cae45d^}

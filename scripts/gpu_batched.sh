@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# #17 on one CUDA host without Snakemake: tokens/s over the batch of batched autoregressive
+# The batched study on one CUDA host without Snakemake: tokens/s over the batch of autoregressive
 # decoding, synchronized speculation (a draft model; and self-speculation, every row the same K)
 # and the non-synchronized batch driven by the scheduler, without and with a refresh layer
 # (REFRESH, the layer; null: none), at B = 1..64 and two context lengths (`decodelab batched`),
@@ -8,8 +8,7 @@
 # trains config.yaml's `target` and `draft` on the GPU first (real acceptance on held-out text;
 # contexts 96 and 192, their 256 positions; REFRESH config.yaml's refresh layer).
 #   Usage: [TRAINED=1] [BATCHES=.. CONTEXTS=.. BUDGET=.. ROUNDS=.. REFRESH=..]
-#          scripts/gpu_batched.sh
-#          [SECONDS (default 500)] [--smoke]
+#          scripts/gpu_batched.sh [SECONDS (default 500)] [--smoke]
 # --smoke checks the logic on a CPU host: tiny models, B = 1 2, short contexts.
 set -uo pipefail
 deadline=$((SECONDS + ${1:-500}))
@@ -34,14 +33,14 @@ else
 fi
 { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi 2>&1 | head -15; } >"$out/env.txt" 2>&1
 if [ -n "${TRAINED:-}" ]; then
-  $python -c "import yaml; from decodelab import sources
+  $python -c "import yaml; from decodelab.backends import sources
 specs = yaml.safe_load(open('config.yaml'))['models']
 sources.prepare(specs['target'] | {'device': '$backend'}, '$models/target')
 sources.prepare(specs['draft'] | {'device': '$backend'}, '$models/draft',
                 teacher_dir='$models/target')" 2>&1 | tail -5 | tee "$out/train.log"
 else
   for m in "$target" "$draft"; do
-    [ -e "$models/$m/config.json" ] || $python -c "from decodelab import sources
+    [ -e "$models/$m/config.json" ] || $python -c "from decodelab.backends import sources
 sources.prepare({'source': 'init', 'preset': '$m', 'seed': 1}, '$models/$m')"
   done
 fi

@@ -1,4 +1,4 @@
-"""The GPU pair of #18 on one CUDA host without Snakemake (scripts/gpu_pair.sh runs it): train
+"""The GPU pair study on one CUDA host without Snakemake (scripts/gpu_pair.sh runs it): train
 config/gpu.yaml's `target` and `draft`, time the speculative study on pair `cuda-cuda` in the
 eager and the graph engine, graph-mode decoding of gpt2-xl against the bandwidth floor, and the
 pipelined loop's own overhead with its verdict compiled and not.
@@ -49,37 +49,29 @@ from decodelab.engines.cuda.floor import copy_bandwidth
 from decodelab.engines.cuda.floor import weight_bytes as parameter_bytes
 from decodelab.engines.decode import decode, first_divergence, margin
 from decodelab.studies.speculative import run as study
+from decodelab.studies.speculative import tables as speculative_tables
 
-# Peak memory bandwidth per card (bytes/s), by a part of its CUDA name: the H200's is #18's own
-# figure (its datasheet says 4.8 TB/s), the H100 SXM's (HBM3) the datasheet's. Another card's floor
-# is NaN; `over_measured_floor`, on the copy bandwidth measured in the process, holds for any.
+# Peak memory bandwidth per card (bytes/s), by a part of its CUDA name: the H200's the figure the
+# floor is stated against (its datasheet says 4.8 TB/s), the H100 SXM's (HBM3) the datasheet's.
+# Another card's floor is NaN; `over_measured_floor`, on the copy bandwidth measured in the
+# process, holds for any.
 PEAK_BANDWIDTH = {"H200": 4.3e12, "H100 80GB HBM3": 3.35e12}
 # The floor's engines: graphs.ENGINES' own (`fused` is gpt-fast's recipe with decodelab's kernels,
-# decodelab.engines.cuda.fused), and ablations of `fused`: `reductions`, its Linear layout and
-# coordinate-descent tuning with attention on SDPA's math backend (a bmm, a softmax and a bmm,
-# which Inductor fuses) while it compiles; `reductions+attend`, that with decodelab's attention
-# kernel (the `fused` engine before decodelab.engines.cuda.matvec: its GEMVs Inductor's tuned
-# reductions);
-# `linear+attend`, the Linear layout and the attention kernel with Inductor's defaults (its GEMVs
-# cuBLAS's on contiguous rows); `+attend`, an engine with the attention kernel alone; and
-# `layered`, `fused` as it was before decodelab.engines.cuda.static_cache and
-# attention.causal_ends: over
-# transformers' StaticCache (each layer writes its keys, writes its values and advances its own
-# position) with a boolean [T, L] mask for the attention kernel; `fused-deterministic`, `fused`
-# under Inductor's deterministic mode (below); `folded`, `fused` with GPT-2's layer norms and
-# residual adds inside the matvec kernels (fused.fold_norms); `unwritten`, `fused` with a
-# cache-write kernel per layer beside the attention kernel (fused.prepare(write=False)). Until s48
-# that was `fused`, and today's `fused` (each one-token attention writing its own cache slot) was
-# `written`: the floor calls before it use those names.
-# On an H100 `reductions` took gpt2-xl from `compiled`'s 3.43 to 3.18 ms per token
-# (results/reference/cuda-h100/floor-kernels/), `reductions+attend` to 2.86-3.51 ms in three
-# processes (results/reference/cuda-h100/floor-fused/) and `fused` to 2.63 ms beside its 3.17-3.22
-# (results/reference/cuda-h100/floor-matvec/); with the paired cache and per-row slot counts to
-# 2.39 ms beside `layered`'s 2.63 on one card (results/reference/cuda-h100/floor-paired/). On an
-# H200 the `unwritten` engine took 2.21 ms (s45, as `fused`), and today's `fused` 2.08-2.16 ms in
-# two processes (s52; results/reference/cuda-h200/floor-paired/). Until s52 each engine was
-# profiled right after its timing: an engine timed after another's profile ran slower, so those
-# calls' side-by-side ratios favour the engine timed first (time_floors).
+# decodelab.engines.cuda.fused), and ablations of `fused`, each taking one of its parts away:
+# `reductions`, its Linear layout and coordinate-descent tuning with attention on SDPA's math
+# backend (a bmm, a softmax and a bmm, which Inductor fuses) while it compiles;
+# `reductions+attend`, that with decodelab's attention kernel (`fused` without the matvec kernel:
+# its GEMVs Inductor's tuned reductions); `linear+attend`, the Linear layout and the attention
+# kernel with Inductor's defaults (its GEMVs cuBLAS's on contiguous rows); `+attend`, an engine
+# with the attention kernel alone; `layered`, `fused` without decodelab.engines.cuda.static_cache
+# and attention.causal_ends: over transformers' StaticCache (each layer writes its keys, writes
+# its values and advances its own position) with a boolean [T, L] mask for the attention kernel;
+# `fused-deterministic`, `fused` under Inductor's deterministic mode (below); `folded`, `fused`
+# with GPT-2's layer norms and residual adds inside the matvec kernels (fused.fold_norms);
+# `unwritten`, `fused` with a cache-write kernel per layer beside the attention kernel
+# (fused.prepare(write=False)). Older reference runs name `unwritten` `fused`, and today's `fused`
+# (each one-token attention writing its own cache slot) `written`. Every engine is timed before
+# any is profiled: an engine timed after another's profile runs slower (time_floors).
 ATTEND = "+attend"
 # Inductor's deterministic mode: no reduction tuned in the process (its block sizes and warps fix
 # the order of a sum, and tuning picked them anew in each process), only what leaves numerics be.
@@ -247,18 +239,18 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     prediction and the one that prices verification as measured), with the per-prompt range of
     the speedup and, in greedy mode, ours over HF assisted generation."""
     ci = Confidence(0.95, 1000, 0)  # one process here: the intervals collapse to the estimate
-    proc = stats.spec_per_process(df)
-    acceptance = stats.acceptance_table(proc, ci)
-    speedup = stats.speedup_table(proc, ci, stability.verdicts(df, stats.SPECULATIVE,
+    proc = speculative_tables.spec_per_process(df)
+    acceptance = speculative_tables.acceptance_table(proc, ci)
+    speedup = speculative_tables.speedup_table(proc, ci, stability.verdicts(df, stats.SPECULATIVE,
                                                                Stability()))
-    theory = stats.theory_table(proc, speedup, acceptance)
-    hf = stats.hf_table(proc, df, ci)[["pair", "k", "ours_over_hf"]]
+    theory = speculative_tables.theory_table(proc, speedup, acceptance)
+    hf = speculative_tables.hf_table(proc, df, ci)[["pair", "k", "ours_over_hf"]]
     out = (theory.merge(speedup[["pair", "mode", "k", "speedup_stepped", "overhead_share"]],
-                        on=stats.SPEC_KEYS)
+                        on=speculative_tables.SPEC_KEYS)
            .merge(acceptance[["pair", "mode", "k", "proposal_acceptance", "tokens_per_call"]],
-                  on=stats.SPEC_KEYS)
-           .merge(prompt_range(df), on=stats.SPEC_KEYS)
-           .merge(hf.assign(mode="greedy"), on=stats.SPEC_KEYS, how="left"))
+                  on=speculative_tables.SPEC_KEYS)
+           .merge(prompt_range(df), on=speculative_tables.SPEC_KEYS)
+           .merge(hf.assign(mode="greedy"), on=speculative_tables.SPEC_KEYS, how="left"))
     engines = df.drop_duplicates("pair").set_index("pair")["engine"]
     return out.assign(engine=out["pair"].map(engines),
                       measured_over_predicted=out["measured"] / out["predicted"])
@@ -268,11 +260,11 @@ def prompt_range(df: pd.DataFrame) -> pd.DataFrame:
     """Per pair, mode and K: the fair baseline's median time over the slowest and the fastest
     prompt's speculative time."""
     fair = df[df.method == "autoregressive"].groupby(["pair", "mode"]).total_s.median()
-    spec = df[df.method == "speculative"].groupby(stats.SPEC_KEYS).total_s
+    spec = df[df.method == "speculative"].groupby(speculative_tables.SPEC_KEYS).total_s
     times = spec.agg(["min", "max"]).reset_index()
     base = [fair[(r.pair, r.mode)] for r in times.itertuples()]
     return times.assign(speedup_min=base / times["max"], speedup_max=base / times["min"])[
-        [*stats.SPEC_KEYS, "speedup_min", "speedup_max"]]
+        [*speculative_tables.SPEC_KEYS, "speedup_min", "speedup_max"]]
 
 
 def divergence(df: pd.DataFrame) -> pd.DataFrame:
@@ -502,7 +494,7 @@ def main(argv=None) -> int:
                 f"{', '.join(FLOOR_ENGINES)}")
     deadline, out, failed = Deadline(args.deadline), Path(args.out), []
     (out / "stats").mkdir(parents=True, exist_ok=True)
-    torch.backends.cuda.enable_cudnn_sdp(False)  # a new cuDNN plan per key length (#18 item 6)
+    torch.backends.cuda.enable_cudnn_sdp(False)  # a new cuDNN plan per key length
     settings = load_settings(args.config)
     parts = set(args.parts.split(","))
     if "pair" in parts:
@@ -528,14 +520,12 @@ def time_pair(settings, out: Path, models: Path, smoke: bool, deadline: Deadline
                 write_tables(frames, out)
 
 
-# Seconds each engine needs per model: compiling takes a minute or two; autotuning gpt2-xl's
-# matmuls took over 330 s on an H100 and did not finish there (Inductor's caches keep what it
-# tuned for a later call on the same machine).
-# `reductions` tunes each reduction's launch configuration: its warm-up took 177 s (gpt2-xl) and
-# 74 s (gpt2) on an H100. `unwritten` (until s48 `fused`) tunes the kernels around its own:
-# 114-176 s and 56-58 s on H100s, 174 s (gpt2-xl) on an H200, where `fused-deterministic`'s
-# (`fused`'s seconds here) took 130 s; `layered`'s took 128 s on an H100 (gpt2-xl), and `fused`'s
-# (until s48 `written`) 113 s (with `fold`), 124 s and 160 s.
+# Seconds each engine needs per model, with room to spare: compiling takes a minute or two;
+# autotuning gpt2-xl's matmuls takes over five minutes and may not finish in one call (Inductor's
+# caches keep what it tuned for a later call on the same machine). `reductions` tunes each
+# reduction's launch configuration, and `fused` and its ablations the kernels around their own:
+# two to three minutes of warm-up for gpt2-xl, about one for gpt2 (`fused-deterministic` takes
+# `fused`'s seconds).
 FLOOR_NEEDS = {"gpt2-xl": {"eager": 40, "graph": 40, "compiled": 150, "autotuned": 500,
                            "reductions": 240, "fused": 200, "linear": 150, "layered": 200,
                            "folded": 200, "unwritten": 200},
@@ -581,7 +571,7 @@ class Timed:
     kernels: dict = dataclasses.field(default_factory=dict)
 
 
-# Seconds a timed engine's three profiled decodes take, with room to spare (2-3 s on an H200).
+# Seconds a timed engine's three profiled decodes take, with room to spare (they take a few).
 PROFILE_NEEDS = 15
 
 
@@ -590,10 +580,10 @@ def time_floors(out: Path, smoke: bool, deadline: Deadline, failed: list[str],
     """Each model on each engine against the floor, written as each finishes: a call that runs
     out of time keeps the engines already timed. Then, once every engine is timed, where each
     one's step goes (`split_step`): a profiler session leaves CUPTI attached to the process
-    (pytorch/pytorch#144455), and CUDA graphs replayed after one ran slower, more so after each
-    (results/reference/cuda-h200/floor-paired/, s52). With them, `tuned.csv`: the
-    configurations Inductor tuned for each engine's kernels (`tuned_configs`), and
-    `after_profiler.csv`: the first engine timed again after every profile, what that costs."""
+    (pytorch/pytorch#144455), and CUDA graphs replayed after one run slower, more so after each.
+    With them, `tuned.csv`: the configurations Inductor tuned for each engine's kernels
+    (`tuned_configs`), and `after_profiler.csv`: the first engine timed again after every
+    profile, what that costs."""
     from torch._inductor.runtime.runtime_utils import cache_dir
 
     timed, tuned = [], []  # every timed engine lives until the profiles: ~3.2 GB for gpt2-xl

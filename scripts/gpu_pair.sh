@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# #18 on the H200 in one device call, without Snakemake: train config/gpu.yaml's 24x512 target
-# and 1x512 draft, time the speculative study (greedy and sampled, its K) eager and graph
-# against the fair baseline, gpt2-xl and gpt2 fp16 (init weights) on each engine of the floor
-# (scripts/gpu_pair.py's FLOOR_ENGINES) against the bandwidth floor, with each step split into its
-# kernels, then the graph engine's tests on the GPU. One tarball in $OUT holds
+# The GPU pair study for the H200 reference, in one device call without Snakemake: train
+# config/gpu.yaml's 24x512 target and 1x512 draft, time the speculative study (greedy and sampled,
+# its K) eager and graph against the fair baseline, gpt2-xl and gpt2 fp16 (init weights) on each
+# engine of the floor (scripts/gpu_pair.py's FLOOR_ENGINES) against the bandwidth floor, with each
+# step split into its kernels, then the graph engine's tests on the GPU. One tarball in $OUT holds
 # results/reference/cuda-h200/graph-engine/.
 #   Usage: scripts/gpu_pair.sh [SECONDS (default 500)] [--smoke|""] [PARTS (default pair,bandwidth)]
 # --smoke checks the logic on a CPU host: tiny models, eager only, the tarball in $OUT or /tmp.
@@ -19,7 +19,7 @@ python=${PYTHON:-python3}
 ref=results/reference/cuda-h200/graph-engine
 models=${MODELS:-/tmp/gpu_pair_models}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-# The config checks need jsonschema, which the H200 image lacks: carried in `.whl` too.
+# The config checks need jsonschema, which a bare device image may lack: carried in `.whl` too.
 if ! $python -c "import jsonschema" 2>/dev/null && ls .whl/jsonschema-*.whl >/dev/null 2>&1; then
   $python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-schema \
     .whl/jsonschema-*.whl .whl/jsonschema_specifications-*.whl .whl/referencing-*.whl .whl/rpds_py-*.whl

@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# #18's stable timings and item 7's graph-mode sweeps on the H200, in one device call without
+# Stable GPU timings: graph-mode and eager sweeps on one CUDA card, in one device call without
 # Snakemake: the GPT-2 family's cache-on sweep (init weights, float16, prompt 32) in REPS
 # processes per model and engine, interleaved process by process: `graph` (static-cache CUDA
-# graphs) and `eager` with cuDNN attention left out (sdp_backends flash, mem_efficient, math,
-# the backend the H200 diagnosis picks), then the verdicts (cv between processes per
+# graphs) and `eager` with cuDNN attention left out (sdp_backends flash, mem_efficient, math;
+# see decodelab.backends.devices.set_sdp_backends), then the verdicts (cv between processes per
 # configuration, `decodelab verdicts`) and the latency table. Writes $OUT/gpu-sweeps.tgz holding
 # results/reference/<card>/stable-timing/ (raw/, stats/, logs/, commands.sh; cuda-h200 or cuda-h100
 # by nvidia-smi's name, else the backend), or REF.
 #   Usage: scripts/gpu_sweeps.sh [SECONDS (default 540)]
 #   MODELS="gpt2 gpt2-xl" REPS=3 BACKEND=cuda ENGINES="graph eager"; engine `pinned` is `eager`
 #   with every process on one CPU core (PIN, default 2), to test whether the eager spread between
-#   processes follows the core that launches the kernels (results/reference/cuda-h100/
-#   pinned-eager/: it does not); its test on a CPU:
+#   processes follows the core that launches the kernels; its test on a CPU:
 #   BACKEND=cpu ENGINES=eager MODELS=gpt2-tiny REPS=2 scripts/gpu_sweeps.sh 300
 set -uo pipefail
 deadline=$((SECONDS + ${1:-540}))

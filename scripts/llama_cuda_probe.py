@@ -1,11 +1,12 @@
-"""Where llama.cpp's CUDA build fails beside PyTorch (issue #19), and which process environment
-mends it. Each step runs alone in a fresh process, so a crash names its step.
+"""Where llama.cpp's CUDA build fails beside PyTorch, and which process environment mends it.
+Each step runs alone in a fresh process, so a crash names its step.
 
-Seen on the H200 (torch 2.11 with its CUDA 13 wheels, llama-cpp-python 0.3.36 built with the
-image's CUDA toolkit): llama.cpp alone on CUDA loads, evaluates, rolls back and holds two models;
-every process that also imports torch dies (SIGABRT inside `import torch` when llama_cpp came
-first, SIGSEGV in `decodelab speculative`, which imports torch first). The variants below load
-one set of CUDA libraries before either does.
+The failure it probes (torch with its own CUDA wheels beside a llama-cpp-python built with the
+machine's CUDA toolkit): llama.cpp alone on CUDA loads, evaluates, rolls back and holds two
+models, but a process that also imports torch can die (SIGABRT inside `import torch` when
+llama_cpp came first, SIGSEGV in `decodelab speculative`, which imports torch first), as two
+different sets of CUDA libraries meet. The variants below load one set of CUDA libraries before
+either does.
 
 Usage: python3 scripts/llama_cuda_probe.py TARGET.gguf DRAFT.gguf ENV_FILE
 Prints one line per step and variant; writes to ENV_FILE the `export` line of the first variant

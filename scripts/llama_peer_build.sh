@@ -1,9 +1,9 @@
 #!/bin/sh
-# llama.cpp's own speculative decoding, the quantized backend's peer (issue #19): the
-# `llama-speculative` example and `llama-completion` (its autoregressive decode on the same
-# model) built with CMake from SOURCE (llama.cpp itself, or the llama-cpp-python sdist that
-# vendors it) in BUILD, only those two targets, and copied to BIN. A BUILD that pip's wheel build
-# already configured is reused (only the two programs and llama.cpp's common library are new).
+# llama.cpp's own speculative decoding, the quantized backend's peer: the `llama-speculative`
+# example and `llama-completion` (its autoregressive decode on the same model) built with CMake from
+# SOURCE (llama.cpp itself, or the llama-cpp-python sdist that vendors it) in BUILD, only those two
+# targets, and copied to BIN. A BUILD that pip's wheel build already configured is reused (only the
+# two programs and llama.cpp's common library are new).
 # Usage: scripts/llama_peer_build.sh SOURCE BUILD BIN [CMAKE ARGUMENTS...]
 set -eu
 source_dir=$1

@@ -1,9 +1,9 @@
-"""#16 on one CUDA host without Snakemake (scripts/long_cuda.sh runs it): train config/long.yaml's
-long-context target and its four sparse drafters (decodelab/engines/budgetdraft.py: budget-robust,
-one
-fixed budget, full cache only, no-prefix control), then run the long-context study
-(`longstudy.run`, what the `long` verb runs) at each --lengths entry in turn, self-speculation
-beside the four drafters, and its tables (`longstats`).
+"""The long-context study on one CUDA host without Snakemake (scripts/long_cuda.sh runs it): train
+config/long.yaml's long-context target and its four sparse drafters
+(`decodelab.engines.budgetdraft`: budget-robust, one fixed budget, full cache only, no-prefix
+control), then run the long-context study (`decodelab.studies.long.run`, what the `long` verb runs)
+at each --lengths entry in turn, self-speculation beside the four drafters, and its tables
+(`decodelab.studies.long.tables`).
 
 Models go to --models; one whose manifest exists is not trained again, so a second call on a warm
 machine goes straight to the study. Under --out: models/<name>/ (manifests and configs),

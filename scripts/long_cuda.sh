@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# #16 on the H200 without Snakemake (scripts/long_cuda.py): train config/long.yaml's long-context
-# target and its four sparse drafters (budget-robust, fixed budget, full cache only, no prefix),
-# then the long-context study at 4K and 8K tokens, and 16K if time is left, and its tables. One
-# tarball in $OUT holds results/reference/cuda-h200/long/. Trained models stay in $MODELS: a
-# second call on the same warm machine skips straight to the study (give it the whole deadline).
+# The long-context study for the H200 reference, without Snakemake (scripts/long_cuda.py): train
+# config/long.yaml's long-context target and its four sparse drafters (budget-robust, fixed budget,
+# full cache only, no prefix), then the long-context study at 4K and 8K tokens, and 16K if time is
+# left, and its tables. One tarball in $OUT holds results/reference/cuda-h200/long/. Trained models
+# stay in $MODELS: a second call on the same warm machine skips straight to the study (give it the
+# whole deadline).
 #   Usage: scripts/long_cuda.sh [SECONDS (default 550)] [--smoke]
 # STUDY_ARGS="--documents 2 --ks 4" shrinks the study for a short device budget.
 # --smoke checks the logic in about a minute (on the GPU where there is one): tiny models, L = 256.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quantized backend on CUDA (issue #19), one device call on the H200: llama-cpp-python built
+# The quantized backend on CUDA for the H200 reference, in one device call: llama-cpp-python built
 # with CUDA from the source tree carried in .gpu/llama-src/ (the 0.3.36 sdist; the wheel is kept
 # in .gpu/wheels/ and reused when carried back), the trained pair (config.yaml's shapes, trained
 # on the GPU) and init GPT-2 converted to F16/Q8_0/Q4_0 with the converter in that tree, each
@@ -23,8 +23,8 @@ out=${OUT:-/tmp/quantized-cuda-out}
 ref=${DECODELAB_QUANT_REF:-results/reference/cuda-h200/quantized}  # where a CPU run lands: DECODELAB_QUANT_REF
 work=${DECODELAB_QUANT_WORK:-/tmp/quantized-cuda}
 src=$PWD/.gpu/llama-src
-# --exclude-libs: stop 30's backtrace had libllama's std::ostream calls land in C++ runtime code
-# inside libggml-cuda.so, which crashes once torch is loaded; symbols from static archives stay local.
+# --exclude-libs: without it libllama's std::ostream calls can land in C++ runtime code inside
+# libggml-cuda.so, which crashes once torch is loaded; symbols from static archives stay local.
 cmake_args=${CMAKE_ARGS:--DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL}
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 DECODELAB_LLAMA_CMAKE_ARGS=$cmake_args
 export DECODELAB_LLAMA_CONVERTER=$src/vendor/llama.cpp

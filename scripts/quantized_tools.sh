@@ -3,8 +3,8 @@
 # distribution once per machine into a wheel kept in $WHEELS and installed into the venv,
 # llama.cpp's converter (convert_hf_to_gguf.py, conversion/, the gguf-py it is written against)
 # kept from the same sdist in $CONVERTER, and with --peer (`make quantized-peer`) llama.cpp's
-# llama-speculative and llama-completion (the peer, decodelab.backends.llamapeer) built from the llama.cpp
-# it vendors into $PEER, with the wheel's flags. Nothing of llama.cpp is committed.
+# llama-speculative and llama-completion (the peer, decodelab.backends.llamapeer) built from the
+# llama.cpp it vendors into $PEER, with the wheel's flags. Nothing of llama.cpp is committed.
 # Usage: scripts/quantized_tools.sh PYTHON VERSION [--peer]
 set -eu
 python=$1

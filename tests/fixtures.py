@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 
 from decodelab.paper.build import build, write_generated
-from decodelab.report import figures
+from decodelab.studies.speculative import figures as speculative_figures
+from decodelab.studies.sweep import figures as sweep_figures
+from decodelab.studies.verification import figures as verification_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "paper"
@@ -450,11 +452,11 @@ def strip_comments(text: str) -> str:
 
 def build_paper(stats_dir: Path, tmp_path: Path) -> tuple[Path, str]:
     fig_dir = tmp_path / "figures_out"
-    figures.draw_all(stats_dir, fig_dir)
+    sweep_figures.draw_all(stats_dir, fig_dir)
     if (stats_dir / "speculative_speedup.csv").exists():
-        figures.speculative_figures(stats_dir, fig_dir)
+        speculative_figures.speculative_figures(stats_dir, fig_dir)
     if (stats_dir / "verification_levels.csv").exists():
-        figures.verification_figures(stats_dir, fig_dir)
+        verification_figures.verification_figures(stats_dir, fig_dir)
     pdf = build(PAPER, stats_dir, fig_dir, settings_dict(), tmp_path / "build",
                 tmp_path / "paper.pdf")
     return pdf, (tmp_path / "build" / "paper.log").read_text(errors="replace")

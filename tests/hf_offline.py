@@ -39,7 +39,7 @@ def build_hub_cache(cache: Path, repo: str, commit: str, files: dict[str, Path])
 RUNNER = r"""
 import json, sys, traceback
 import huggingface_hub.constants as hc
-from decodelab import sources
+from decodelab.backends import sources
 from decodelab.core.errors import DecodelabError
 
 cache, jobs = sys.argv[1], json.loads(sys.argv[2])

@@ -12,9 +12,9 @@ import yaml
 from snakemake.utils import validate
 
 from decodelab.cli import typed
+from decodelab.config import settings as cfg
 from decodelab.config.check import schema_problem, with_defaults
 from decodelab.config.settings import Confidence, Pair, Sampling, Settings, Stability
-from decodelab.config.settings import settings as cfg
 from decodelab.core.errors import DecodelabError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -57,3 +57,43 @@ def test_every_profile_is_described_in_config_readme(profile):
 
 def test_config_readme_describes_no_profile_that_is_gone():
     assert described_profiles() <= {str(p.relative_to(ROOT)) for p in PROFILES}
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def markdown_anchors(text: str) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as `-`."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links of a Markdown page (outside fenced code) whose file or heading is
+    absent."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in markdown_anchors(
+                file.read_text(encoding="utf-8")):
+            broken.append(target)
+    return broken
+
+
+def test_the_link_check_catches_a_missing_file_and_heading(tmp_path):
+    (tmp_path / "a.md").write_text("# A page\n\n[b](b.md) [here](#a-page) [gone](#nowhere)\n"
+                                   "[web](https://example.org) [c](c.md)\n")
+    (tmp_path / "b.md").write_text("# B\n")
+    assert broken_links(tmp_path / "a.md") == ["#nowhere", "c.md"]
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_in_readme_and_docs_resolves(page):
+    assert broken_links(page) == []

@@ -34,6 +34,9 @@ from decodelab.paper.build import SECTIONS, merged, write_generated
 from decodelab.report import figures, seed, tex
 from decodelab.report import settings as paper_settings
 from decodelab.report.section import Section
+from decodelab.studies.speculative import figures as speculative_figures
+from decodelab.studies.sweep import figures as sweep_figures
+from decodelab.studies.verification import figures as verification_figures
 from decodelab.studies.verification.paper import read_verification, standard_flags
 
 
@@ -104,16 +107,16 @@ def assert_written(paths: list[Path]) -> None:
 def test_latency_figure_two_backends_with_spikes(stats, tmp_path):
     latency, regimes = (pd.read_csv(stats / f"{n}.csv") for n in ("latency", "regimes"))
     assert figures.spike_budgets(regimes).shape[0] == 1
-    assert_written(figures.latency_figure(latency, regimes, tmp_path / "fig" / "latency"))
+    assert_written(sweep_figures.latency_figure(latency, regimes, tmp_path / "fig" / "latency"))
 
 
 def test_kv_figure(stats, tmp_path):
     kv = pd.read_csv(stats / "kv_speedup.csv")
-    assert_written(figures.kv_figure(kv, tmp_path / "fig" / "kv_speedup"))
+    assert_written(sweep_figures.kv_figure(kv, tmp_path / "fig" / "kv_speedup"))
 
 
 def test_figures_one_backend_zero_spikes(cpu_only, tmp_path):
-    paths = figures.draw_all(cpu_only, tmp_path / "fig")
+    paths = sweep_figures.draw_all(cpu_only, tmp_path / "fig")
     assert_written(paths[:2])
     assert_written(paths[2:])
 
@@ -121,8 +124,8 @@ def test_figures_one_backend_zero_spikes(cpu_only, tmp_path):
 def test_figures_survive_empty_tables(stats, tmp_path):
     empty = {n: pd.read_csv(stats / f"{n}.csv").iloc[0:0] for n in ("latency", "regimes",
                                                                      "kv_speedup")}
-    assert_written(figures.latency_figure(empty["latency"], empty["regimes"], tmp_path / "l"))
-    assert_written(figures.kv_figure(empty["kv_speedup"], tmp_path / "k"))
+    assert_written(sweep_figures.latency_figure(empty["latency"], empty["regimes"], tmp_path / "l"))
+    assert_written(sweep_figures.kv_figure(empty["kv_speedup"], tmp_path / "k"))
 
 
 SPEC_FIGURES = ["acceptance", "speedup", "parallelism", "theory"]
@@ -135,23 +138,23 @@ def assert_spec_figures(paths: list[Path]) -> None:
 
 
 def test_speculative_figures(spec_stats, tmp_path):
-    assert_spec_figures(figures.speculative_figures(spec_stats, tmp_path / "fig"))
+    assert_spec_figures(speculative_figures.speculative_figures(spec_stats, tmp_path / "fig"))
 
 
 def test_speculative_figures_one_pair_empty_hf(spec_one_pair, tmp_path):
     assert tables.read(spec_one_pair, "speculative_hf").empty
-    assert_spec_figures(figures.speculative_figures(spec_one_pair, tmp_path / "fig"))
+    assert_spec_figures(speculative_figures.speculative_figures(spec_one_pair, tmp_path / "fig"))
 
 
 def test_speculative_figures_without_tables(stats, tmp_path):
     """No speculative table at all (or empty files): empty panels, not a traceback."""
     (stats / "speculative_hf.csv").write_text("")
-    assert_spec_figures(figures.speculative_figures(stats, tmp_path / "fig"))
+    assert_spec_figures(speculative_figures.speculative_figures(stats, tmp_path / "fig"))
 
 
 def test_hf_speedup_uses_the_greedy_baseline(spec_stats):
     t = tables.read_group(spec_stats, "speculative")
-    hf = figures.hf_speedup(t["speedup"], t["hf"])
+    hf = speculative_figures.hf_speedup(t["speedup"], t["hf"])
     assert set(hf["pair"]) == {"cpu-cpu", "mps-mps"}  # same-device pairs only
     row = hf[(hf["pair"] == "cpu-cpu") & (hf["k"] == 1)].iloc[0]
     assert row["speedup"] == pytest.approx(1.0 / row["hf_s"])
@@ -182,19 +185,22 @@ def assert_verification_figures(paths: list[Path]) -> None:
 
 
 def test_verification_figures(ver_stats, tmp_path):
-    assert_verification_figures(figures.verification_figures(ver_stats, tmp_path / "fig"))
-    panels = figures.pvalue_panels(tables.read(ver_stats, "verification_pvalues"))
+    drawn = verification_figures.verification_figures(ver_stats, tmp_path / "fig")
+    assert_verification_figures(drawn)
+    panels = verification_figures.pvalue_panels(tables.read(ver_stats, "verification_pvalues"))
     assert len(panels) == 6 and panels[0] == (2, "Monte Carlo, one step", "")
     assert [p[2] for p in panels[2:]] == ["cpu-cpu", "cpu-cpu", "cpu-mps", "cpu-mps"]
 
 
 def test_verification_figures_without_tables(stats, tmp_path):
     """No verification table, or empty / header-only ones: empty panels, not a traceback."""
-    assert_verification_figures(figures.verification_figures(stats, tmp_path / "none"))
+    drawn = verification_figures.verification_figures(stats, tmp_path / "none")
+    assert_verification_figures(drawn)
     (stats / "verification_tokens.csv").write_text("")
     pd.DataFrame(columns=["level", "check", "pair", "sampler", "seed", "p_value"]).to_csv(
         stats / "verification_pvalues.csv", index=False)
-    assert_verification_figures(figures.verification_figures(stats, tmp_path / "empty"))
+    drawn = verification_figures.verification_figures(stats, tmp_path / "empty")
+    assert_verification_figures(drawn)
 
 
 def test_backend_colors_are_stable():
@@ -405,7 +411,7 @@ def test_speculative_stage_ran_but_no_pair_could(spec_stats, tmp_path):
     # CPU and MPS ran the sweep, so their pairs are missing, not skipped for want of a device
     assert m["SpecPairsSkipped"].count("needs CUDA") == 2
     assert m["SpecPairsSkipped"].count("no result reached the statistics") == 3
-    assert_spec_figures(figures.speculative_figures(spec_stats, tmp_path / "fig"))
+    assert_spec_figures(speculative_figures.speculative_figures(spec_stats, tmp_path / "fig"))
 
 
 def test_models_csv_with_flat_columns(spec_stats, tmp_path):
@@ -498,7 +504,7 @@ def test_verification_without_a_real_pair(stats, tmp_path):
     assert m["VerPair"] == "--" and m["VerChiPCorrect"] == "--" and m["VerPowerSeeds"] == "--"
     assert m["ifVerLevelTwoAsExpected"] == "true" and m["ifVerGreedyRan"] == "false"
     assert m["ifChiMeetsStandard"] == "false" and m["ifLogRatioMeetsStandard"] == "false"
-    assert_verification_figures(figures.verification_figures(stats, tmp_path / "fig"))
+    assert_verification_figures(verification_figures.verification_figures(stats, tmp_path / "fig"))
 
 
 def test_verification_flags_flip(ver_stats, tmp_path):

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
-from decodelab.analysis import stats
 from decodelab.engines.cuda import floor, graphs
 from decodelab.engines.speculative import torch_device
+from decodelab.studies.speculative import tables as speculative_tables
 from decodelab.studies.speculative.paper import floor_table as floor_tex
 
 
@@ -83,7 +83,7 @@ def test_floor_table_sets_each_role_alone_against_its_floor():
                         + [rows("p", "draft_autoregressive", 4e-3, r) for r in (0, 1)]
                         + [rows("p", "speculative", 9.0, 0)]
                         + [rows("p", "autoregressive", 9.0, 0) | {"mode": "sampled"}])
-    table = stats.floor_table(runs).set_index("role")
+    table = speculative_tables.floor_table(runs).set_index("role")
     target, draft = table.loc["target"], table.loc["draft"]
     assert target["floor_s"] == pytest.approx(2e9 / 4e12)  # 0.5 ms
     assert target["step_s"] == pytest.approx(2e-3) and target["over_floor"] == pytest.approx(4)
@@ -96,12 +96,12 @@ def test_rows_from_before_the_floor_give_no_table():
     runs = pd.DataFrame([rows("p", "autoregressive", 1.0, 0)]).drop(
         columns=["target_bandwidth", "draft_bandwidth", "target_weight_bytes",
                  "draft_weight_bytes"])
-    assert stats.floor_table(runs).empty
+    assert speculative_tables.floor_table(runs).empty
 
 
 def test_the_paper_table_shows_the_ratio_or_says_nothing_was_measured():
     runs = pd.DataFrame([rows("p", "autoregressive", 2e-3, 0)])
-    tex = floor_tex(stats.floor_table(runs))
+    tex = floor_tex(speculative_tables.floor_table(runs))
     assert r"\texttt{p} & target & \texttt{t} & cuda, eager & 2,000 & 4,000 & 2.00 & 0.500 & " \
            r"4.00$\times$" in tex
     assert "no bandwidth measured" in floor_tex(pd.DataFrame())

@@ -9,9 +9,9 @@ from llama import LLAMA, PERIOD, planted_copies, tiny_llama, tokens
 from transformers import DynamicCache
 
 from decodelab.backends import models, sources, train
+from decodelab.config import settings as cfg
 from decodelab.config.check import schema_problem
 from decodelab.config.settings import Sampling
-from decodelab.config.settings import settings as cfg
 from decodelab.core.errors import DecodelabError
 from decodelab.engines.decode import decode
 from decodelab.engines.longctx import SeparateDraft, first_draft_log_probs, generate

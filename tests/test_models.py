@@ -148,7 +148,7 @@ def test_plain_preset_positions_equal_what_transformers_configures(preset):
 
 
 def test_position_helpers_import_without_torch_or_transformers():
-    code = ("import sys; from decodelab import shapes; "
+    code = ("import sys; from decodelab.core import shapes; "
             "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -11,9 +11,9 @@ import yaml
 from snakemake.utils import validate
 
 from decodelab.analysis import stability, stats
+from decodelab.config import settings as cfg
 from decodelab.config.check import schema_problem
 from decodelab.config.settings import Confidence, Pair, Settings, Stability
-from decodelab.config.settings import settings as cfg
 from decodelab.core.errors import DecodelabError
 from decodelab.studies.quantized.tables import peer_table, speculative_table, verify_cost_table
 

@@ -378,7 +378,7 @@ def mixed_runs() -> pd.DataFrame:
 
 
 def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
-    from decodelab.report import figures
+    from decodelab.studies.sweep import figures as sweep_figures
     from decodelab.studies.sweep import paper_depth as regime_depth
 
     rc, stats_dir = run_verb(tmp_path, mixed_runs())
@@ -402,7 +402,7 @@ def test_verb_writes_every_table_and_the_paper_reads_them(tmp_path):
     assert macros["ChgModel"] == "piecewise linear" and macros["ChgNumChangePoints"] == "0"
     table = section.files["tab_regime_depth.tex"]
     assert "nan" not in table.lower() and table.count(r"\\") >= 3
-    drawn = figures.regime_depth_figures(stats_dir, tmp_path / "fig")
+    drawn = sweep_figures.regime_depth_figures(stats_dir, tmp_path / "fig")
     assert sorted(p.name for p in drawn) == ["changepoints.pdf", "changepoints.png",
                                              "regime_depth.pdf", "regime_depth.png"]
 

@@ -19,6 +19,8 @@ from decodelab.config.settings import Confidence, SpikeRule, Stability, load_set
 from decodelab.core import tables
 from decodelab.core.errors import DecodelabError
 from decodelab.core.io import write_raw, write_table
+from decodelab.studies.speculative import tables as speculative_tables
+from decodelab.studies.sweep import tables as sweep_study
 from decodelab.studies.sweep.depth import with_stability
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,7 +253,7 @@ def test_old_raw_runs_without_machine_columns_are_judged_on_spread_alone():
 def test_latency_rows_carry_their_configurations_verdict():
     runs = raw_runs(busy={0: 0.5})
     runs.loc[runs["budget"] != 32, "background_cpu_share"] = 0.0
-    table = stats.latency_table(runs, CI, judged(runs))
+    table = sweep_study.latency_table(runs, CI, judged(runs))
     assert len(table) == 9 * len(stats.METRICS)
     assert set(table.loc[~table["stable"], "budget"]) == {32}
     assert (table.loc[table["stable"], "unstable_reason"] == "").all()
@@ -286,7 +288,7 @@ def test_a_kv_ratio_is_unstable_when_either_side_is():
     runs = raw_runs()
     off = (runs["experiment"] == "ablation") & ~runs["use_cache"] & (runs["budget"] == 16)
     runs.loc[off & (runs["repeat"] == 1), "total_s"] *= 3
-    table = stats.kv_speedup_table(runs, CI, judged(runs))
+    table = sweep_study.kv_speedup_table(runs, CI, judged(runs))
     assert set(table.loc[~table["stable"], "budget"]) == {16}
     assert table.loc[~table["stable"], "unstable_reason"].str.startswith(
         "cache off: cv between processes").all()
@@ -303,7 +305,7 @@ def test_a_speculative_speedup_is_unstable_when_either_method_is():
             for slow in [repeat == 2 and k == 4]]
     runs = pd.DataFrame(rows)
     verdict = stability.verdicts(runs, stats.SPECULATIVE, LIMITS)
-    table = stats.speedup_table(stats.spec_per_process(runs), CI, verdict)
+    table = speculative_tables.speedup_table(speculative_tables.spec_per_process(runs), CI, verdict)
     assert table.set_index("k")["stable"].to_dict() == {2: True, 4: False}
     assert table.loc[table["k"] == 4, "unstable_reason"].iloc[0].startswith(
         "speculative: cv between processes")
@@ -311,7 +313,8 @@ def test_a_speculative_speedup_is_unstable_when_either_method_is():
                                              runs["total_s"] * (1 + 2 * (runs["repeat"] == 0)),
                                              runs["total_s"]))
     verdict = stability.verdicts(slow_base, stats.SPECULATIVE, LIMITS)
-    table = stats.speedup_table(stats.spec_per_process(slow_base), CI, verdict)
+    per_process = speculative_tables.spec_per_process(slow_base)
+    table = speculative_tables.speedup_table(per_process, CI, verdict)
     assert not table["stable"].any()
     assert table["unstable_reason"].str.contains("autoregressive: cv between").all()
 

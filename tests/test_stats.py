@@ -3,6 +3,7 @@ import pandas as pd
 
 from decodelab.analysis import stability, stats
 from decodelab.config.settings import Confidence, Stability
+from decodelab.studies.sweep import tables as sweep_tables
 
 CI = Confidence(0.95, 1000, 0)
 
@@ -33,7 +34,7 @@ def test_per_process_reduces_inner_repeats_to_one_row():
 
 def test_latency_ci_brackets_the_median():
     r = runs(2.0)
-    table = stats.latency_table(r, CI, judged(r))
+    table = sweep_tables.latency_table(r, CI, judged(r))
     assert set(table["metric"]) == set(stats.METRICS)
     assert (table["ci_low"] <= table["median"]).all()
     assert (table["median"] <= table["ci_high"]).all()
@@ -42,7 +43,7 @@ def test_latency_ci_brackets_the_median():
 
 def test_kv_speedup_recovers_a_planted_ratio():
     r = runs(3.0)
-    table = stats.kv_speedup_table(r, CI, judged(r))
+    table = sweep_tables.kv_speedup_table(r, CI, judged(r))
     total = table[table["metric"] == "total_s"].iloc[0]
     assert 2.7 < total["speedup"] < 3.3
     assert total["ci_low"] <= total["speedup"] <= total["ci_high"]
@@ -50,14 +51,14 @@ def test_kv_speedup_recovers_a_planted_ratio():
 
 def test_kv_speedup_ci_covers_one_when_the_cache_does_nothing():
     r = runs(1.0, n_proc=8)
-    table = stats.kv_speedup_table(r, CI, judged(r))
+    table = sweep_tables.kv_speedup_table(r, CI, judged(r))
     total = table[table["metric"] == "total_s"].iloc[0]
     assert total["ci_low"] <= 1.0 <= total["ci_high"]
 
 
 def test_a_single_process_gives_a_zero_width_interval():
     r = runs(2.0, n_proc=1)
-    table = stats.latency_table(r, CI, judged(r))
+    table = sweep_tables.latency_table(r, CI, judged(r))
     assert (table["ci_low"] == table["ci_high"]).all()
 
 

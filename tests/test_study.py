@@ -9,6 +9,7 @@ from decodelab.analysis import stability, stats
 from decodelab.backends import models
 from decodelab.config.settings import Confidence, SpeculativeJob, Stability
 from decodelab.studies.speculative import run as study
+from decodelab.studies.speculative import tables as speculative_tables
 
 SPEC = {"ks": [1, 3], "modes": ["greedy", "sampled"], "temperature": 1.0, "top_k": 0,
         "top_p": 1.0, "prompts": 2, "prompt_len": 8, "budget": 12, "hf_assisted": True,
@@ -31,7 +32,7 @@ def test_every_row_records_the_models_weight_bytes_and_measured_bandwidth(runs):
         assert (runs[f"{role}_weight_bytes"] > 0).all() and (runs[f"{role}_bandwidth"] > 0).all()
         assert runs.groupby("repeat")[f"{role}_bandwidth"].nunique().eq(1).all()
     assert (runs["target_bandwidth"] == runs["draft_bandwidth"]).all()  # one CPU, measured once
-    table = stats.floor_table(runs)
+    table = speculative_tables.floor_table(runs)
     assert sorted(table["role"]) == ["draft", "target"] and (table["over_floor"] > 0).all()
 
 
@@ -46,18 +47,18 @@ def test_the_grid_has_every_method_once_per_prompt(runs):
 
 
 def test_greedy_speculative_and_hf_agree_with_the_target(runs):
-    hf = stats.hf_table(stats.spec_per_process(runs), runs, CI)
+    hf = speculative_tables.hf_table(speculative_tables.spec_per_process(runs), runs, CI)
     assert (hf["agree_speculative"] == 1.0).all()
     assert (hf["agree_hf_assisted"] == 1.0).all()
     assert (hf["ours_over_hf"] > 0).all()
 
 
 def test_study_tables_are_consistent(runs):
-    proc = stats.spec_per_process(runs)
-    acceptance = stats.acceptance_table(proc, CI)
-    speedup = stats.speedup_table(proc, CI,
+    proc = speculative_tables.spec_per_process(runs)
+    acceptance = speculative_tables.acceptance_table(proc, CI)
+    speedup = speculative_tables.speedup_table(proc, CI,
                                   stability.verdicts(runs, stats.SPECULATIVE, Stability()))
-    theory = stats.theory_table(proc, speedup, acceptance)
+    theory = speculative_tables.theory_table(proc, speedup, acceptance)
     assert set(acceptance["k"]) == {1, 3} and set(acceptance["mode"]) == {"greedy", "sampled"}
     assert acceptance["alpha"].between(0, 1).all()
     assert acceptance["proposal_acceptance"].between(0, 1).all()
@@ -95,11 +96,11 @@ def test_the_theory_prices_verification_at_what_the_runs_measured(first_span):
     runs = pd.DataFrame([{"pair": "p", "repeat": r, "mode": "greedy", "prompt": 0, **row}
                          for r in range(2) for row in rows])
     runs["tokens"] = [t if isinstance(t, list) else [0] * budget for t in runs["tokens"]]
-    proc = stats.spec_per_process(runs)
-    acceptance = stats.acceptance_table(proc, CI)
-    speedup = stats.speedup_table(proc, CI, stability.verdicts(runs, stats.SPECULATIVE,
+    proc = speculative_tables.spec_per_process(runs)
+    acceptance = speculative_tables.acceptance_table(proc, CI)
+    speedup = speculative_tables.speedup_table(proc, CI, stability.verdicts(runs, stats.SPECULATIVE,
                                                                Stability()))
-    theory = stats.theory_table(proc, speedup, acceptance).iloc[0]
+    theory = speculative_tables.theory_table(proc, speedup, acceptance).iloc[0]
     assert theory["cost_ratio"] == pytest.approx(0.2)
     assert theory["verify_cost"] == pytest.approx(1.5)
     assert theory["draft_cost"] == pytest.approx(1.25)
@@ -127,7 +128,8 @@ def test_parallelism_rows_time_one_and_k_plus_one_tokens(tiny_pair):
     rows = study.parallelism(model, ks=[1, 4], context=16, inner=3, seed=0)
     assert sorted(rows["tokens"].unique()) == [1, 2, 5]
     assert (rows.groupby("tokens").size() == 3).all() and (rows["seconds"] > 0).all()
-    table = stats.parallelism_table(rows.assign(backend="cpu", model="t", repeat=0), CI)
+    rows = rows.assign(backend="cpu", model="t", repeat=0)
+    table = speculative_tables.parallelism_table(rows, CI)
     assert sorted(table["k"]) == [1, 4] and (table["ratio"] > 0).all()
 
 
@@ -150,10 +152,10 @@ def test_runs_without_the_fair_baseline_say_their_speedup_is_over_the_stepped_on
     no `autoregressive_stepped` rows): the speedup table labels them, rather than passing them
     off as fair."""
     old = runs[runs["method"] != "autoregressive_stepped"].drop(columns=["proposals"])
-    speedup = stats.speedup_table(stats.spec_per_process(old), CI,
+    speedup = speculative_tables.speedup_table(speculative_tables.spec_per_process(old), CI,
                                   stability.verdicts(old, stats.SPECULATIVE, Stability()))
     assert (speedup["baseline"] == "stepped").all() and "speedup_stepped" not in speedup
-    acceptance = stats.acceptance_table(stats.spec_per_process(old), CI)
+    acceptance = speculative_tables.acceptance_table(speculative_tables.spec_per_process(old), CI)
     assert acceptance["alpha"].between(0, 1).all()
 
 
@@ -180,7 +182,7 @@ def test_pooled_alpha_reads_a_reference_with_rows_from_before_per_call_proposals
     new = pd.DataFrame({"pair": "new", "method": "speculative", "mode": "greedy", "k": 4,
                         "tokens": [[0] * 9], "target_calls": [3], "accepted": [[4, 2, 1]],
                         "proposals": [[4, 4, 2]]})
-    alpha = stats.pooled_alpha(pd.concat([old, new], ignore_index=True),
+    alpha = speculative_tables.pooled_alpha(pd.concat([old, new], ignore_index=True),
                                ["pair", "mode", "k"]).set_index("pair")["alpha"]
     assert expected_tokens_per_call(alpha["old"], 4) == pytest.approx(3.0)
     assert expected_tokens_per_call(alpha["new"], 4) == pytest.approx(4.0)  # 1 + (4 + 2) / 2
@@ -202,13 +204,13 @@ def test_the_interval_over_prompts_shows_what_every_process_shares():
     Negative control: prompts of different lengths at one rate give a point, since a prompt's
     two times are resampled together (apart, the lengths alone would spread it)."""
     runs = toy_prompts([1.0] * 4, [1.2, 1.6, 2.0, 2.4])
-    speedup = stats.speedup_table(stats.spec_per_process(runs), CI,
+    speedup = speculative_tables.speedup_table(speculative_tables.spec_per_process(runs), CI,
                                   stability.verdicts(runs, stats.SPECULATIVE, Stability()))
     assert speedup.loc[0, "ci_low"] == speedup.loc[0, "ci_high"]
-    spread = stats.prompt_table(runs, CI).iloc[0]
+    spread = speculative_tables.prompt_table(runs, CI).iloc[0]
     assert spread["prompts"] == 4
     assert spread["prompt_ci_low"] < 1.45 and spread["prompt_ci_high"] > 2.15
-    same = stats.prompt_table(toy_prompts([1.0, 2.0, 3.0, 4.0], [2.0] * 4), CI).iloc[0]
+    same = speculative_tables.prompt_table(toy_prompts([1.0, 2.0, 3.0, 4.0], [2.0] * 4), CI).iloc[0]
     assert same["prompt_ci_low"] == pytest.approx(2.0) == same["prompt_ci_high"]
 
 

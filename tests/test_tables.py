@@ -170,7 +170,7 @@ def test_the_dag_writes_the_declared_tables_and_a_new_one(tmp_path, monkeypatch)
     workdir = copy_workflow(tmp_path / "wf")
     package = shutil.copytree(ROOT / "src/decodelab", tmp_path / "src/decodelab",
                               ignore=shutil.ignore_patterns("__pycache__"))
-    registry = package / "tables.py"
+    registry = package / "core" / "tables.py"
     anchor = '    speculative("parallelism", ("context", "k", "ratio", *CI, "n")),\n'
     assert registry.read_text().count(anchor) == 1
     toy_line = '    speculative("toy", ("k",)),\n'

@@ -118,14 +118,14 @@ def verdicts(args):
 
 
 def statistics(args):
-    from decodelab.analysis import stats
     from decodelab.config.settings import Confidence
     from decodelab.core.io import read_table, write_table
+    from decodelab.studies.sweep import tables as sweep_tables
 
     runs, ci = read_table(args.runs), typed(Confidence, args.spec)
     verdict = read_verdicts(args.verdicts, "sweep")
-    write_table(stats.latency_table(runs, ci, verdict), args.latency)
-    write_table(stats.kv_speedup_table(runs, ci, verdict), args.kv)
+    write_table(sweep_tables.latency_table(runs, ci, verdict), args.latency)
+    write_table(sweep_tables.kv_speedup_table(runs, ci, verdict), args.kv)
 
 
 def regimes(args):
@@ -163,9 +163,9 @@ def regime_depth(args):
 
 
 def figures(args):
-    from decodelab.report import figures as fg
+    from decodelab.studies.sweep.figures import draw_all as draw
 
-    fg.draw_all(Path(args.stats), Path(args.out))
+    draw(Path(args.stats), Path(args.out))
 
 
 def speculative(args):
@@ -299,19 +299,22 @@ def speculative_stats(args):
     from decodelab.analysis import stats
     from decodelab.config.settings import Confidence
     from decodelab.core import tables
+    from decodelab.studies.speculative import tables as speculative_tables
 
     ci = typed(Confidence, args.spec)
     runs = stats.read_raw_runs(args.runs, "speculative")
     par = stats.read_raw_runs(args.parallelism, "parallelism")
-    proc = stats.spec_per_process(runs)
-    acceptance = stats.acceptance_table(proc, ci)
-    speedup = stats.speedup_table(proc, ci, read_verdicts(args.verdicts, "speculative")).merge(
-        stats.prompt_table(runs, ci), on=stats.SPEC_KEYS, how="left")
+    st = speculative_tables
+    proc = st.spec_per_process(runs)
+    acceptance = st.acceptance_table(proc, ci)
+    speedup = st.speedup_table(proc, ci, read_verdicts(args.verdicts, "speculative")).merge(
+        st.prompt_table(runs, ci), on=st.SPEC_KEYS, how="left")
     tables.write_group(args.out, "speculative", {
         "acceptance": acceptance, "speedup": speedup,
-        "theory": stats.theory_table(proc, speedup, acceptance),
-        "hf": stats.hf_table(proc, runs, ci), "parallelism": stats.parallelism_table(par, ci),
-        "floor": stats.floor_table(runs)})
+        "theory": speculative_tables.theory_table(proc, speedup, acceptance),
+        "hf": speculative_tables.hf_table(proc, runs, ci),
+        "parallelism": speculative_tables.parallelism_table(par, ci),
+        "floor": speculative_tables.floor_table(runs)})
 
 
 def stability_tables(args):
@@ -397,25 +400,25 @@ def verification_stats(args):
 
 
 def verification_figures(args):
-    from decodelab.report import figures as fg
+    from decodelab.studies.verification.figures import verification_figures as draw
 
-    fg.verification_figures(Path(args.stats), Path(args.out))
+    draw(Path(args.stats), Path(args.out))
 
 
 def bench(args):
     """Ours against HF assisted generation and plain decoding, side by side in one process: the
     study's settings from --config, greedy, on one of its configurations."""
-    from decodelab.analysis import stats
     from decodelab.config.settings import bench_settings
     from decodelab.core.io import write_table
     from decodelab.studies.speculative import run as study
+    from decodelab.studies.speculative import tables as speculative_tables
 
     pair, spec = bench_settings(args.config, args.pair, ks=args.ks, prompts=args.prompts,
                                 budget=args.budget)
     open_job(args, pair.target_device, pair.draft_device)
     runs = study.run(args.target_dir, args.draft_dir, "bench", pair.job_spec(), spec.job(),
                      repeat=0)
-    table = stats.method_ratios(stats.spec_per_process(runs))
+    table = speculative_tables.method_ratios(speculative_tables.spec_per_process(runs))
     write_table(table.reset_index(), args.out)
     print(table.round(3).to_string())
 
@@ -431,27 +434,27 @@ def model_table(args):
 
 
 def spec_figures(args):
-    from decodelab.report import figures as fg
+    from decodelab.studies.speculative.figures import speculative_figures as draw
 
-    fg.speculative_figures(Path(args.stats), Path(args.out))
+    draw(Path(args.stats), Path(args.out))
 
 
 def quantized_figures(args):
-    from decodelab.report import figures as fg
+    from decodelab.studies.quantized.figures import quantized_figures as draw
 
-    fg.quantized_figures(Path(args.stats), Path(args.out))
+    draw(Path(args.stats), Path(args.out))
 
 
 def long_figures(args):
-    from decodelab.report import figures as fg
+    from decodelab.studies.long.figures import long_figures as draw
 
-    fg.long_figures(Path(args.stats), Path(args.out))
+    draw(Path(args.stats), Path(args.out))
 
 
 def batched_figures(args):
-    from decodelab.report import figures as fg
+    from decodelab.studies.batched.figures import batched_figures as draw
 
-    fg.batched_figures(Path(args.stats), Path(args.out))
+    draw(Path(args.stats), Path(args.out))
 
 
 def settings(args):

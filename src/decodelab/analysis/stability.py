@@ -17,34 +17,32 @@ crosses its limit in config `stats.stability`:
   plus the share a hypervisor stole (`steal_share`), the median over a process's rows of the
   configuration, the worst process (one row's share scatters by the kernel's 10 ms ticks).
 
-pyperf warns at a standard deviation of 10% of the mean. The defaults are wider, from the
-default DAG run beside an idle pytest worker on the 2-core VM (2026-12-01): over its quiet
-processes (background 3-4%) the cv between processes reached 17% at the 95th percentile (32%
-at most), the cv within a process 31% (58%), max over median 1.33 (2.26); the jobs that shared
-the machine with a running test showed 44-60% background and the same spreads. So spread alone
-does not tell a busy machine here, and the background share does the main work.
+pyperf warns at a standard deviation of 10% of the mean. The defaults are wider, fitted to the
+default DAG run on a 2-core VM beside an idle pytest worker: over its quiet processes (background
+3-4%) the cv between processes reached 17% at the 95th percentile (32% at most), the cv within a
+process 31% (58%), max over median 1.33 (2.26); jobs that shared the machine with a running test
+showed 44-60% background and the same spreads. So spread alone does not tell a busy machine
+there, and the background share does the main work.
 
 Small samples: a CV needs two values; with one process (or one inner repeat) that check is
 skipped (NaN) and the configuration is judged on the others. From 2-3 values a CV is crude (its
 own relative standard error is about 1 / sqrt(2 d), d its degrees of freedom, 50-70% at d =
-1-2): three quiet processes of the default's millisecond decodes on the 2-core VM (2026-12-02,
-background 2-5%) differed by 27-36% at five of bloom-tiny's nine budgets, re-measured twice, so
-a point estimate against 25% called a quiet build noisy and `make remeasure` never converged. So
-the cv between processes crosses its limit only when its one-sided lower bound does: with d = n
-- 1 and (n - 1) s^2 / sigma^2 ~ chi-square(d) for normal medians, cv * sqrt(d / chi2_q(d)), q
-the confidence (0.9: 0.61 x the cv at 2 processes, 0.66 x at 3, 0.74 x at 6). One process 3x
-slower than the others (cv 69-71%) still crosses 25% at 2 or 3 processes. The within cv
-was the worst process's, from d = 1 at the default's 2 inner repeats: the quiet default run
-(commit 513a3a3; inner repeats scattered +-20%, their ratio 0.82-1.28 at the 10th-90th
-percentile) put 3 of gpt2-tiny's 9 sweep configurations over 35%, and resampling its pairs, 3.7%
-of configurations cross 35% by chance (1.4% with 3 repeats). Pooled over the processes (d =
-processes x (repeats - 1), 6 at the default's 3 x 3) it stays below 35% in all of 20,000 such
-resamples, while a process whose repeats are disturbed still raises it. At the default's 2 inner
-repeats d is only 3, and quiet re-measures of the same VM (2026-12-03, background 2-5%) still
-put pooled cvs of 35-46% on a few of bloom-tiny's budgets, the same sampling error as between
-processes: so the within cv is judged by its lower bound as well (0.69 x the cv at d = 3, 0.80 x
-at d = 9), and one process whose repeats scatter 3x still crosses it. The load average is
-recorded, not judged: each CPU job's own threads keep it near the core count on a quiet machine.
+1-2): three quiet processes (background 2-5%) of the default's millisecond decodes can differ
+by 27-36%, so a point estimate against 25% would call a quiet build noisy and `make remeasure`
+would not converge. So the cv between processes crosses its limit only when its one-sided lower
+bound does: with d = n - 1 and (n - 1) s^2 / sigma^2 ~ chi-square(d) for normal medians, cv *
+sqrt(d / chi2_q(d)), q the confidence (0.9: 0.61 x the cv at 2 processes, 0.66 x at 3, 0.74 x at
+6). One process 3x slower than the others (cv 69-71%) still crosses 25% at 2 or 3 processes. The
+within cv is pooled rather than the worst process's: from d = 1 at 2 inner repeats the worst
+process's cv crosses 35% by chance in a few percent of a quiet run's configurations (inner
+repeats scattered +-20%, their ratio 0.82-1.28 at the 10th-90th percentile), while pooled over
+the processes (d = processes x (repeats - 1), 6 at the default's 3 x 3) it stays below 35% in
+resamples of such a run, and a process whose repeats are disturbed still raises it. At 2 inner
+repeats d is only 3, and quiet pooled cvs of 35-46% still occur, the same sampling error as
+between processes: so the within cv is judged by its lower bound as well (0.69 x the cv at d =
+3, 0.80 x at d = 9), and one process whose repeats scatter 3x still crosses it. The load average
+is recorded, not judged: each CPU job's own threads keep it near the core count on a quiet
+machine.
 
 Raw files without the machine columns (older runs, results/reference/) have no background
 (NaN): they are judged on spread alone and the summary says "background not recorded".

@@ -4,9 +4,9 @@
 forward pass on token ids that returns the logits of every position, a KV cache with
 `get_seq_length` and `crop`, `config.vocab_size` and `device`. So the speculative loop
 (`speculative.generate`), the model-alone decoding (`decode.decode`) and the verification
-parallelism measurement (`study.parallelism`) run on it unchanged, with the project's own
-rejection rule, and a llama.cpp model can be the draft, the target or both. `decode.new_cache`
-asks the engine for its cache instead of making a `DynamicCache`.
+parallelism measurement (`decodelab.studies.speculative.run.parallelism`) run on it unchanged,
+with the project's own rejection rule, and a llama.cpp model can be the draft, the target or
+both. `decode.new_cache` asks the engine for its cache instead of making a `DynamicCache`.
 
 The engine's context holds one sequence: its cache is the context's KV memory, rolled back by
 removing sequence positions (`llama_memory_seq_rm`), and `new_cache` empties it.

@@ -382,7 +382,7 @@ def init_from_teacher(model: torch.nn.Module, teacher: torch.nn.Module) -> int:
     """Start a shallow draft from its teacher's first layers (LayerSkip's early exit): every
     weight whose name and shape the two share, so the embeddings, the output head, the final
     norm and blocks 0..n_layer-1. A one-layer draft then begins as the target's early exit and
-    distillation only has to close that gap (#18: higher agreement at the same draft cost).
+    distillation only has to close that gap (the aim: higher agreement at the same draft cost).
     Returns how many tensors were copied."""
     heads = (m.config.num_attention_heads for m in (model, teacher))
     if len(set(heads)) > 1:

@@ -401,8 +401,7 @@ class LongVerification:
 @dataclass(frozen=True)
 class Long:
     """Config 'long': the long-context study (decodelab.studies.long.run), context length x KV
-    budget
-    x policy x drafter x mode x K over held-out documents, one process per repeat."""
+    budget x policy x drafter x mode x K over held-out documents, one process per repeat."""
 
     target: str
     lengths: tuple[int, ...]
@@ -1173,8 +1172,7 @@ def check_cluster_backends(settings: Settings) -> None:
         raise DecodelabError(
             "config 'backends' lists 'mps', but the slurm profile (config 'cluster: slurm') runs "
             "jobs on cluster nodes and no SLURM cluster has Apple MPS: run the MPS rules on the "
-            "Mac itself and pass backends='[cpu,cuda]' here (README: 'Containers, clusters and "
-            "several hosts')")
+            "Mac itself and pass backends='[cpu,cuda]' here (docs/hosts-and-clusters.md)")
 
 
 def plan_backends(settings: Settings, available: Callable[[str], bool],
@@ -1315,7 +1313,6 @@ PREFLIGHT_ENV = "DECODELAB_MACHINE"
 
 def export_preflight(settings: Settings) -> None:
     """Every timing job's pre-flight settings (decodelab.backends.machine.preflight) in the
-    environment
-    the jobs inherit, not a rule param: they change nothing that is measured, so changing them
-    reruns no job."""
+    environment the jobs inherit, not a rule param: they change nothing that is measured, so
+    changing them reruns no job."""
     os.environ[PREFLIGHT_ENV] = json.dumps(settings.machine.job_spec(), sort_keys=True)

@@ -1,6 +1,5 @@
 """The layout of the sparse KV views (`decodelab.engines.sparse_kv`), without torch: the config
-checks
-read it before any job runs."""
+checks read it before any job runs."""
 
 CHUNK = 8
 SINK = 4

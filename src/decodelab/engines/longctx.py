@@ -172,8 +172,8 @@ def first_draft_log_probs(model, policy: Policy, ids: list[int], start: int) -> 
     draft step of a proposal made at t: `model` on `policy`'s view of its full cache of
     ids[:t-1], fed ids[t-1] at its true position, the view chosen (retrieval) by the queries of
     ids[t-2] in the full-cache pass, as `generate` drafts (temperature 1). A fixed function of
-    the sequence, so a statistic for the verification's log-ratio test
-    (decodelab.studies.verification.run)."""
+    the sequence, so a statistic for the verification study's log-ratio test
+    (`decodelab.studies.verification.run`)."""
     device = device_of(model)
     with QueryProbe(model) if policy.name == "retrieval" else nullcontext() as probe:
         cache = new_cache(model)

@@ -142,9 +142,9 @@ def iterate(target, draft, buffers: Buffers, k: int, s: Sampling, draft_generato
 
     def decided(*x):
         verdict = target.decide(*x, buffers, k, s)
-        # Outside the compiled verdict (`fuse_verdict`): Inductor fused this move with the sum
-        # that yields n into one kernel whose blocks for the other counters read n before the
-        # block writing it had run (H100, greedy K = 5..7; cuda-h100/fused-verdict/README.md).
+        # Outside the compiled verdict (`fuse_verdict`): Inductor fuses this move with the sum
+        # that yields n into one kernel whose blocks for the other counters can read n before the
+        # block writing it has run, a race.
         torch._foreach_add_(counters(), buffers.back, alpha=-1)
         return verdict
 

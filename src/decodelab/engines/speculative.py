@@ -11,9 +11,8 @@ the device from the same verdict, so between that sync and the draft's next pass
 launches; ids from the host (the prompt, or another device's) come through pinned memory, which
 does not wait for the device. (Two pipelined graph engines wait for no verdict at all: their
 loop, `decodelab.engines.pipelined`, keeps the next iteration on the device.) Forward passes are
-timed
-without more (`Spans`), so the time outside them, the engine's own overhead, is measured, not
-guessed. `autoregressive` is the target alone in the same machinery: the speculative study's
+timed without more (`Spans`), so the time outside them, the engine's own overhead, is measured,
+not guessed. `autoregressive` is the target alone in the same machinery: the speculative study's
 fair baseline.
 """
 

@@ -174,8 +174,8 @@ def cuda_rows(comparison: pd.DataFrame) -> pd.DataFrame:
 def cuda_reference_macros(comparison: pd.DataFrame) -> dict[str, str]:
     """What the references measured on CUDA: the regime verdict and the speculative and
     verification results that the seed's claims are about (over every CUDA reference but the
-    sub-studies `<name>/<study>`, whose rows are their sections': `paper.long`,
-    `paper.quantized`)."""
+    sub-studies `<name>/<study>`, whose rows are their sections': `studies.long.paper`,
+    `studies.quantized.paper`)."""
     rows = cuda_rows(comparison)
     rows = rows[~rows["reference"].astype(str).str.contains("/")]
 

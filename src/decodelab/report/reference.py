@@ -38,9 +38,8 @@ A reference's sub-study directories (`results/reference/<name>/<study>/stats/`, 
 cuda-h200/long) are references of their own, named `<name>/<study>`.
 
 Speculative rows also carry the trained models' names and sizes. Rows match only on identical
-keys; the ratio is local / reference. A configuration that only one
-side has is kept with status 'only local' or 'only reference' and no ratio: a CPU run is not
-divided by a CUDA reference.
+keys; the ratio is local / reference. A configuration that only one side has is kept with status
+'only local' or 'only reference' and no ratio: a CPU run is not divided by a CUDA reference.
 """
 
 from __future__ import annotations
@@ -180,7 +179,7 @@ def key_numbers(stats_dir: Path) -> pd.DataFrame:
     parts += selected_spec(stats_dir)
     acceptance = read(stats_dir, "speculative_acceptance")
     if len(acceptance):
-        # accepted / proposed; tables from before #18 name it `acceptance`
+        # accepted / proposed; older tables name it `acceptance`
         acceptance = acceptance.rename(columns={"acceptance": "proposal_acceptance"})
         parts.append(frame(acceptance[["pair", "mode", "k", "proposal_acceptance"]]
                            .assign(models=pair_models), "acceptance", "proposal_acceptance"))

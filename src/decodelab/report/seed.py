@@ -27,11 +27,10 @@ BUDGETDRAFT_SETUP = {"Contexts": "4K, 8K and 16K", "Drafter": "68M", "Verifier":
 # approximately 27% over the strongest prior self-speculative baselines".
 ASPIRE_CLAIMS = {"Low": 1.70, "High": 4.58, "OverSyncPercent": 27}
 
-# Public reports of quantized verification on Apple silicon (issue #19's sources), quoted as what
-# a Mac run would be expected to show: llama.cpp on an M3 Max with Q4_0 "processes 1 token at
-# 63.6 t/s but 2 tokens at 25.9 t/s" (ggml-org/llama.cpp#4624), and MLX's 4-bit
-# quantized_matmul "costs 6.1x its one-row time at 8 rows while bf16 stays at 2x"
-# (ml-explore/mlx#4265).
+# Public reports of quantized verification on Apple silicon, quoted as what a Mac run would be
+# expected to show: llama.cpp on an M3 Max with Q4_0 "processes 1 token at 63.6 t/s but 2 tokens
+# at 25.9 t/s" (ggml-org/llama.cpp#4624), and MLX's 4-bit quantized_matmul "costs 6.1x its
+# one-row time at 8 rows while bf16 stays at 2x" (ml-explore/mlx#4265).
 METAL_REPORTS = {"LlamaOneToken": 63.6, "LlamaTwoTokens": 25.9, "LlamaIssue": 4624,
                  "LlamaSetup": "a Q4\\_0 model on an M3 Max", "MlxEightRows": 6.1,
                  "MlxBfSixteen": 2.0, "MlxIssue": 4265, "MlxSetup": "4-bit matrix product"}

@@ -2,9 +2,9 @@
 attention implementation `decodelab` (`use`).
 
 A batch-1 step with a static cache attends one query (K + 1 when it verifies) over every slot of
-the cache. PyTorch's SDPA backends spend several kernels on that (the memory-efficient one: one
-CUTLASS kernel of about 20 us per gpt2-xl layer on an H100; the math one: a bmm, a softmax and a
-bmm, with the mask built beside them), where the keys and values to read are a few hundred KB.
+the cache. PyTorch's SDPA backends spend more than that needs (the memory-efficient one: a
+CUTLASS kernel built for long queries; the math one: a bmm, a softmax and a bmm, with the mask
+built beside them), where the keys and values to read are a few hundred KB.
 `attend` runs one program per (head, query) that attends over only the slots the mask keeps
 (what a hidden slot holds, NaN included, never reaches its sums), with an online softmax in
 float32; a long cache is split into parts, one program each, as in flash-decoding. The mask of a
@@ -12,8 +12,7 @@ plain causal pass is each row's count of slots seen (`causal_ends`, what transfo
 this implementation's mask), which the kernel compares with a slot's index and stops its loop
 at; any other pass's is a boolean [T, L] mask. It serves CUDA tensors of batch 1 with a
 power-of-two head size; anything else, and every pass where Triton is missing, goes to SDPA with
-the boolean mask. `TRITON_INTERPRET=1` runs the kernel
-on the CPU (the tests).
+the boolean mask. `TRITON_INTERPRET=1` runs the kernel on the CPU (the tests).
 """
 
 from __future__ import annotations
@@ -32,25 +31,21 @@ except ImportError:  # the CPU wheel has no Triton: every pass goes to SDPA
 
 NAME = "decodelab"
 MASKED = "decodelab_masked"  # the same, always given a boolean mask (an ablation of causal_ends)
-BLOCK = 128  # slots per loop iteration (faster than 64 in 14 of the 16 shapes timed on an H100)
+BLOCK = 128  # slots per loop iteration (faster than 64 on most decoding shapes)
 MAX_QUERIES = 16  # longer queries (a prompt's pass) go to SDPA
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once too
 # From SPLIT_FROM slots on, each (head, query) splits the cache into parts of about SPLIT_SPAN
 # slots (at most MAX_SPLITS), one program each, merged by a second kernel: one program per
-# head would leave most of a GPU idle over a 4K-16K context. On an H100 (gpt2-xl's 25 heads)
-# eight parts instead of two took a 1K cache from 13.4 to 6.5 us, 32 instead of eight a 4K one
-# from 15.3 to 10.7 us; at 288 slots two parts were slower than one.
+# head would leave most of a GPU idle over a 4K-16K context. Below SPLIT_FROM the second
+# kernel's merge costs more than the parts save, so a short cache stays in one part.
 SPLIT_FROM = 512
 SPLIT_SPAN = 128
 MAX_SPLITS = 32
 # A verification's K + 1 rows in one program per head (`attend_rows_kernel`), which reads each
 # block of keys and values once for all of them, instead of one program per row, each reading
-# them again. On an H100 (gpt2-xl's heads, float16, 5 and 9 rows, inside CUDA graphs;
-# results/reference/cuda-h100/floor-paired/call3/) it was faster at every length where the rows
-# come as slot counts (5 rows, 16K slots: 44 against 113 us; 288 slots: 6.2 against 7.0), and
-# with a boolean mask from SHARED_MASKED_FROM slots on it was faster or even (16K: 69 against
-# 120 us; 4K, half in use: 28.7 against 28.5); below that the mask's [16, BLOCK] loads can cost
-# more than they save (288 slots: 12.3 against 7.7 us).
+# them again. It serves every pass whose rows come as slot counts; with a boolean mask only from
+# SHARED_MASKED_FROM slots on, since over a shorter cache the mask's [16, BLOCK] loads can cost
+# more than the shared reads save.
 SHARED_ROWS = True
 SHARED_MASKED_FROM = 4096
 
@@ -78,8 +73,8 @@ if triton is not None:
         """`attend_kernel` for one row whose own key and value, `new_k` and `new_v` (head stride
         q_h), belong in slot `position`, after every slot it sees: the program whose part holds
         it attends to them from its registers and writes them into the cache. (A kernel of its
-        own: where `attend_kernel` took unused pointers, Inductor copied what it passed twice,
-        47 kernels more per gpt2-xl step on an H100.)"""
+        own, not `attend_kernel` with pointers it leaves unused: Inductor copies the tensors
+        passed for those, extra kernels in every step.)"""
         attend_program(q, k, v, position, out, best_out, total_out, new_k, new_v, position,
                        length, span, scale, q_h, q_t, k_h, k_l, v_h, v_l, 0, 0, out_t, out_h,
                        out_s, stat_t, stat_h, D, BLOCK, SPLIT, True, True)
@@ -114,9 +109,7 @@ if triton is not None:
             slot = start + tl.arange(0, BLOCK)
             # Keys and values load only where the mask keeps a slot: while a static cache
             # fills, most of it is hidden, and a stale slot's NaN never reaches the sums.
-            # (6bbc414 loaded them beside the mask and read the whole cache: on an H100, 42.9
-            # against 31.9 us at 16K slots half in use, and in gpt2-xl's `fused` decode 11.8 us
-            # per layer with blocks of 64 against 5.9 here, in two processes.)
+            # (Loading them beside the mask would read the whole cache, hidden slots included.)
             if ENDS:
                 seen = slot < stop
             else:
@@ -290,8 +283,8 @@ if triton is not None:
         slots seen [T] (an integer dtype): out [T, H, D]."""
         return attend_into(query, key, value, keep, scale)
 
-    # Opaque to Inductor, unlike the ops above: it traced the kernel's writes through views of
-    # `pair` and copied the whole buffer around them (on an H100, 4 kernels more per layer).
+    # Opaque to Inductor, unlike the ops above: it traces the kernel's writes through views of
+    # `pair` and copies the whole buffer around them, extra kernels in every layer.
     @torch.library.custom_op("decodelab::write_attend", mutates_args=("pair",))
     def write_attend_op(row: torch.Tensor, pair: torch.Tensor, position: torch.Tensor,
                         scale: float) -> torch.Tensor:
@@ -389,8 +382,7 @@ def causal_ends(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     """transformers' mask interface for `decodelab`: a plain causal pass of one sequence (no
     padding, no window, the cache from slot 0) gets the count of slots each of its rows sees,
     q_offset + t + 1, which the kernel compares with a slot's index instead of loading a mask
-    (on an H100 Inductor then dropped the per-layer mask kernel it launched before); any other
-    gets `boolean_mask`."""
+    (so no kernel builds a mask in each layer); any other gets `boolean_mask`."""
     from transformers.masking_utils import causal_mask_function
 
     if (batch_size == 1 and attention_mask is None and kv_offset == 0 and kwargs.get("local_size")

@@ -4,28 +4,20 @@ A batch-1 step reads every weight once, in one-row matmuls (GEMVs), and attends 
 static cache. `prepare` stores each of GPT-2's Conv1D weights ([in, out]) as a Linear's ([out, in],
 so a GEMV reads contiguous rows), runs every one-row product on decodelab's matvec kernel
 (`decodelab.engines.cuda.matvec`, the MLP's GELU in its first product's kernel) and attention on
-decodelab's
-one-kernel attention (`decodelab.engines.cuda.attention`); Inductor compiles the rest (layer norms,
-residual
-adds, the cache writes of passes of several rows) under coordinate-descent tuning (`COMPILE`, as
-gpt-fast sets it). Passes of several rows (a prompt, a verification) stay matmuls. On an H200
-`fused` missed #18's 3x of the floor by 36 us per token
-(results/reference/cuda-h200/floor-paired/), with a cache-write kernel per layer beside the
-attention kernel. `write_in_attention`, on by default since, has each one-token attention read
-c_attn's row whole and write its own cache slot: no cache-write, no query-select and no slot-count
-kernel per layer, 341 kernels per gpt2-xl step against 436, and on one H100 in one process
-2.298-2.324 against 2.514-2.520 ms per token (results/reference/cuda-h100/floor-paired/, call 8).
-`fold_norms` (an option, off) moves GPT-2's layer norms and residual adds into the matvec kernels:
-96 kernels fewer per gpt2-xl step, but on an H100 its products took longer than the kernels it
-saved.
+decodelab's one-kernel attention (`decodelab.engines.cuda.attention`); Inductor compiles the rest
+(layer norms, residual adds, the cache writes of passes of several rows) under coordinate-descent
+tuning (`COMPILE`, as gpt-fast sets it). Passes of several rows (a prompt, a verification) stay
+matmuls. `write_in_attention` (on by default) has each one-token attention read c_attn's row whole
+and write its own cache slot: no cache-write, no query-select and no slot-count kernel per layer,
+341 kernels per gpt2-xl step against 436. `fold_norms` (an option, off) moves GPT-2's layer norms
+and residual adds into the matvec kernels: 96 kernels fewer per gpt2-xl step, but each product
+then does the norm's work as well, which can cost more than the launches it saves.
 
-Before the matvec kernel, the GEMVs were Inductor's tuned reductions (`as_linears` alone: Inductor
-makes a one-row `mm` a reduction only under coordinate descent, and GPT-2's `addmm` on an [in,
-out] weight stays a cuBLAS call). Those fused the GELU into the next product's reads, computing
-it once per row of the weight: 13-21 us per gpt2-xl layer where the product alone takes 9, and
-their tuned launch configurations differed between processes. On an H100 gpt2-xl decoded at
-2.63 ms per token on this model against 3.17-3.22 ms on that one in the same process (2.83x and
-3.41-3.46x the datasheet's bandwidth floor; results/reference/cuda-h100/floor-matvec/).
+Without the kernel (`as_linears` alone) the GEMVs are Inductor's tuned reductions: Inductor makes
+a one-row `mm` a reduction only under coordinate descent, and GPT-2's `addmm` on an [in, out]
+weight stays a cuBLAS call. Those reductions fuse the GELU into the next product's reads, computing
+it once per row of the weight, and their tuned launch configurations differ between processes:
+why the one-row products have a kernel of their own.
 """
 
 from __future__ import annotations

@@ -15,29 +15,26 @@ device work between passes (`between`: the pipelined loop's verdict) have a pool
 
 The cache's write position lives on the device (one tensor that every layer's `update` reads and
 the last advances in place, `decodelab.engines.cuda.static_cache`), so one captured graph serves
-every
-position. The causal mask is built inside the graph from the same position and hides every slot
-at or past it, so a rollback only moves the position back: the stale keys beyond it are never
-read and are overwritten by the next write. The loops' length stays on the host (`Slots.length`),
-so neither they nor a rollback wait for the device.
+every position. The causal mask is built inside the graph from the same position and hides every
+slot at or past it, so a rollback only moves the position back: the stale keys beyond it are
+never read and are overwritten by the next write. The loops' length stays on the host
+(`Slots.length`), so neither they nor a rollback wait for the device.
 
 Without capture (`capture=False`, any device) the engine runs the same static-cache passes
 eagerly: what the CPU tests compare with the eager engine, token for token.
 
 `pipelined` is the graph engine whose speculative loop (`decodelab.engines.pipelined`) the host
-runs one
-iteration ahead of the device: each verdict, rollback and next input stays on the device, so the
-device never waits for the host's turn between iterations.
+runs one iteration ahead of the device: each verdict, rollback and next input stays on the
+device, so the device never waits for the host's turn between iterations.
 
 `compiled` is the graph engine over `torch.compile`'s kernels (Inductor, one compilation per
 input shape, then captured like the rest): a graph still pays each small kernel's launch and tail
 on the GPU, and fusing a layer's elementwise work into few kernels is how gpt-fast nears the
 bandwidth floor. `autotuned` compiles with Inductor's autotuning too (`COMPILE_OPTIONS`): minutes
 per shape, once. `fused` is gpt-fast's recipe with decodelab's kernels
-(`decodelab.engines.cuda.fused`): the
-model's one-row products on a GEMV kernel in the Linear layout, its attention in one kernel per
-layer, and the rest compiled under coordinate-descent tuning (in place: the model given is
-changed).
+(`decodelab.engines.cuda.fused`): the model's one-row products on a GEMV kernel in the Linear
+layout, its attention in one kernel per layer, and the rest compiled under coordinate-descent
+tuning (in place: the model given is changed).
 """
 
 from __future__ import annotations
@@ -119,8 +116,8 @@ class Engine:
         self.compiled = compile is not None
         self.speculative_loop = pipelined_loop if pipelined else None
         # `fuse_verdict`: the pipelined loop's verdict compiled (Inductor), some thirty small
-        # kernels of the sampled rule fused into a few: half the loop's overhead on an H100
-        # (scripts/gpu_pair.py --parts verdict). The config's `pipelined` engine has it.
+        # kernels of the sampled rule fused into a few, each a launch the loop no longer pays
+        # (scripts/gpu_pair.py --parts verdict times both). The config's `pipelined` engine has it.
         fuse = pipelined and fuse_verdict
         if self.compiled or fuse:  # one compilation per shape; the verdict's per K and rule
             allow_recompiles()

@@ -1,21 +1,19 @@
 """One Triton kernel for a decoding step's matmuls: one row times a Linear's weight, plus its bias,
 and GPT-2's GELU where the MLP's first product feeds it.
 
-A batch-1 step multiplies one row by every weight matrix of the model: a GEMV that reads the
-matrix once, so its time is the matrix's bytes over the memory bandwidth the kernel reaches.
-`matvec` runs one program per BN output columns, each reading its BN rows of the weight ([out,
-in], contiguous along `in`) in chunks of BK, accumulating in float32 and summing once at the end.
-Inductor's tuned reductions compute the same product about as fast alone, but their launch
-configuration is tuned anew in every process (gpt2-xl's 6400x1600 product: 9.1-11.6 us on three
-H100s, this kernel 9.7-9.9), and in the model Inductor fuses the GELU into the next product's
-reads, where it is computed once per row of the weight (results/reference/cuda-h100/floor-matvec/).
-`norm_matvec_kernel` runs a layer norm (after a residual add, which its first program writes out)
-in each program before the product, and `matvec_kernel` adds a residual after it: GPT-2's block
-then has no kernel of its own for either (`fused.fold_norms`). Each program recomputes the row's
-statistics, from L2; on an H100 the add, norm and product took 10.1 us in one kernel against 11.1
-in an Inductor kernel and this one (gpt2-xl's c_attn; results/reference/cuda-h100/floor-paired/).
-It serves one row of a CUDA tensor (or any, under `TRITON_INTERPRET=1`, the tests); anything
-else, and every call where Triton is missing, is a plain matmul.
+A batch-1 step multiplies one row by every weight matrix of the model: a GEMV that reads the matrix
+once, so its time is the matrix's bytes over the memory bandwidth the kernel reaches. `matvec` runs
+one program per BN output columns, each reading its BN rows of the weight ([out, in], contiguous
+along `in`) in chunks of BK, accumulating in float32 and summing once at the end. Inductor's tuned
+reductions compute the same product about as fast alone, but their launch configuration is tuned
+anew in every process, so their time varies from one process to the next where this kernel's does
+not, and in the model Inductor fuses the GELU into the next product's reads, where it is computed
+once per row of the weight. `norm_matvec_kernel` runs a layer norm (after a residual add, which its
+first program writes out) in each program before the product, and `matvec_kernel` adds a residual
+after it: GPT-2's block then has no kernel of its own for either (`fused.fold_norms`). Each program
+recomputes the row's statistics, from L2: reading one row again costs less than the separate kernel
+it saves. It serves one row of a CUDA tensor (or any, under `TRITON_INTERPRET=1`, the tests);
+anything else, and every call where Triton is missing, is a plain matmul.
 """
 
 from __future__ import annotations
@@ -29,10 +27,10 @@ if triton is not None:
 
     from decodelab.engines.cuda.attention import launch
 
-# Rows per program, columns per iteration and warps: on three H100s, 2 rows, 1,024 columns and 4
-# warps were the fastest or within 2% of it for each of gpt2-xl's and gpt2's five weight shapes
-# (of 30 and 8 configurations timed; results/reference/cuda-h100/floor-matvec/). 16 rows of
-# 2,048 columns on 4 warps spill: 904 us against 53 for gpt2-xl's LM head.
+# Rows per program, columns per iteration and warps: 2 rows, 1,024 columns and 4 warps, the
+# fastest or near it for each of gpt2-xl's and gpt2's five weight shapes among the configurations
+# tried. Larger tiles (16 rows of 2,048 columns on 4 warps) spill registers and run many times
+# slower.
 BN = 2
 BLOCK_K = 1024
 WARPS = 4
@@ -167,7 +165,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
     """act(x @ weight.T (+ bias)) (+ residual), `act` None or one the kernel `fuses`: on the
     kernel where it serves, else a matmul, an add and `act`."""
     if serves(x, weight) and fits(residual, x, (*x.shape[:-1], weight.shape[0])):
-        return torch.ops.decodelab.engines.cuda.matvec(x, weight, bias, act is not None, residual)
+        return torch.ops.decodelab.matvec(x, weight, bias, act is not None, residual)
     y = torch.matmul(x, weight.t())
     y = y if bias is None else y + bias
     y = y if act is None else act(y)

@@ -2,15 +2,13 @@
 layer and each layer's keys and values in one buffer.
 
 transformers' `StaticLayer` keeps a position per layer, and each layer's `update` writes its keys,
-writes its values and advances its position: in gpt2-xl's compiled `fused` step on an H100, three
-small kernels per layer (Inductor fused none of them, as each mutates another buffer; kernel names
-in results/reference/cuda-h100/floor-matvec/call3/floor/stats/bandwidth.csv), each a launch and a
-tail that a CUDA graph still pays. Here the layers read one position tensor, which the last layer
-advances, and a layer's keys and values are the two halves of one buffer, written by one
-`index_copy_` of the pair. A pass reads the position before any layer runs (transformers builds
-its mask from the first layer's length), so every layer writes at the same slots. With
-`attention.causal_ends`, gpt2-xl's step on an H100 then launched 436 kernels instead of 531 and
-took 9.4% less time (results/reference/cuda-h100/floor-paired/).
+writes its values and advances its position: in a compiled step, three small kernels per layer
+(Inductor fuses none of them, as each mutates another buffer), each a launch and a tail that a
+CUDA graph still pays. Here the layers read one position tensor, which the last layer advances,
+and a layer's keys and values are the two halves of one buffer, written by one `index_copy_` of
+the pair. A pass reads the position before any layer runs (transformers builds its mask from the
+first layer's length), so every layer writes at the same slots. With `attention.causal_ends`,
+gpt2-xl's step launches 436 kernels instead of 531.
 """
 
 from __future__ import annotations

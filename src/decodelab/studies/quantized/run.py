@@ -1,9 +1,8 @@
-"""The quantized study's jobs over llama.cpp (`decodelab.backends.llamacpp`): a model's GGUF of one
-type,
-its verify cost (time on K+1 tokens over 1 at the same context: `study.parallelism`'s
-measurement, so the rows sit beside the PyTorch backends'), and, after a speculative process
-with a llama.cpp target, where its greedy output parts from that target's own greedy decoding
-and at what logit margin."""
+"""The quantized study's jobs over llama.cpp (`decodelab.backends.llamacpp`): a model's GGUF of
+one type, its verify cost (time on K+1 tokens over 1 at the same context: the speculative
+study's `parallelism` measurement, so the rows sit beside the PyTorch backends'), and, after a
+speculative process with a llama.cpp target, where its greedy output parts from that target's
+own greedy decoding and at what logit margin."""
 
 from __future__ import annotations
 

@@ -9,14 +9,9 @@ import numpy as np
 import pandas as pd
 
 from decodelab.analysis.stability import paired
-from decodelab.analysis.stats import (
-    SPEC_KEYS,
-    agreement,
-    bootstrap_ci,
-    median_ratio,
-    parallelism_table,
-)
+from decodelab.analysis.stats import bootstrap_ci, median_ratio
 from decodelab.config.settings import Confidence
+from decodelab.studies.speculative.tables import SPEC_KEYS, agreement, parallelism_table
 
 VERIFY_COLUMNS = ["backend", "quantization", "device", "model", "context", "k", "ratio",
                   "ci_low", "ci_high", "n", "extra_per_token", "stable", "unstable_reason"]

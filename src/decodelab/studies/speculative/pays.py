@@ -1,7 +1,6 @@
 r"""Where speculative decoding pays: the committed reference whose pairs are fastest, read from
-the reference comparison (`reference.compare`), quoted whether or not this build measured it.
-On the H200 reference (cuda-h200/graph-engine) that is a pair in the seed's cost regime, in the
-eager engine and in CUDA graphs side by side, beside this build's own pairs.
+the reference comparison (`reference.compare`), quoted whether or not this build measured it,
+beside this build's own pairs.
 
     generated/tab_spec_pays.tex  per pair and mode of that reference: best speedup, the cost
                                  ratio c, per-token acceptance alpha, and measured over

@@ -5,7 +5,7 @@ The budget-level rule (`regimes`) compares whole runs across budgets. Inside one
 step costs about the same from start to end, so a run whose steps, from some step on, stay above
 `factor` times the median of its first `baseline` steps for at least `run` steps in a row has
 changed regime mid-decode. Cache-off runs are left out: their steps grow with the sequence by
-design. The H200 reference found such step-ups for GPT-2 and OPT, starting only after 2^n steps.
+design.
 """
 
 from __future__ import annotations

@@ -502,8 +502,8 @@ def two_sample_test(a: Sequence[int], b: Sequence[int], top: int = 200, budget: 
     sequences, sequence i of each from the same prompt, so under the null they are exchangeable
     pairwise; `permutations` random swaps give the statistic's null law. Tokens of one sequence
     are dependent, so the chi-square law of the token-level statistic (`p_asymptotic`) is
-    anti-conservative for a peaked model: on the H200 it rejected the correct rule at 3 of 4
-    seeds. With budget=1 (independent tokens) both p-values agree."""
+    anti-conservative for a peaked model, which puts most of a sequence's tokens in few cells.
+    With budget=1 (independent tokens) both p-values agree."""
     if len(a) != len(b) or len(a) % budget:
         raise ValueError(f"two samples of equal length in whole sequences of {budget} tokens "
                          f"are needed, got {len(a)} and {len(b)} tokens")
