@@ -19,6 +19,7 @@ from dag import ROOT, copy_workflow, snakemake
 from load import planted_load
 
 from decodelab.analysis import stability
+from decodelab.backends import machine
 from decodelab.report import noise
 
 pytestmark = pytest.mark.serial
@@ -30,6 +31,11 @@ pytestmark = pytest.mark.serial
 # give a rough cv between them) do not make it noisy.
 SWEEP = {"models": ["gpt2-tiny"], "budgets": list(range(64, 209, 16)), "prompt_lengths": [8],
          "repeats": 2, "inner_repeats": 3, "warmup": 3}
+
+
+# Other work's share of the CPU above which the stability rule calls a row unstable
+QUIET_BACKGROUND = yaml.safe_load((ROOT / "config.yaml").read_text())["stats"]["stability"][
+    "background"]
 
 
 def configure(workdir: Path, host: str) -> Path:
@@ -90,14 +96,41 @@ def workdir(tmp_path_factory) -> Path:
     return copy_workflow(tmp_path_factory.mktemp("planted"))
 
 
+def busy_jobs(workdir: Path, host: str) -> list[str]:
+    """The noisy jobs whose verdict blames other work on the machine (background CPU), each with
+    the largest background share of its rows."""
+    jobs = pd.read_csv(workdir / f"results/{host}/stats/stability.csv")
+    noisy = jobs[jobs["noisy"].astype(str).str.lower() == "true"]
+    return [f"{job} (background up to {share:.0%})"
+            for job, share, why in zip(noisy["job"], noisy["background_max"],
+                                       noisy["reason"].fillna(""), strict=True)
+            if "background" in why]
+
+
+def skip_unless_quiet(workdir: Path, host: str) -> None:
+    if busy := busy_jobs(workdir, host):
+        pytest.skip(f"the machine was not quiet: other work took the CPU in {', '.join(busy)}; "
+                    "the quiet control can only judge a quiet machine")
+
+
 def test_a_quiet_machine_gives_a_stable_sweep_and_a_quiet_abstract(workdir):
     """Quiet after at most one `make remeasure`, the artifact's remedy: on a shared 2-core VM one
-    job in a few builds crosses the noisy share by chance (24 of 30 configurations stable)."""
+    job in a few builds crosses the noisy share by chance (24 of 30 configurations stable). The
+    control judges the verdict only on a quiet machine: it measures the background before the
+    run, and the jobs record it while they run; where other work took more of the CPU than the
+    stability rule allows, it is skipped with the measured share, never failed."""
+    before = machine.sampled_background(2.0)
+    if before > QUIET_BACKGROUND:
+        pytest.skip(f"the machine was not quiet: other work took {before:.0%} of the CPU over 2 s "
+                    f"before the run (the stability rule allows {QUIET_BACKGROUND:.0%})")
     measure(workdir, "quiet")  # first: the model is prepared on a quiet machine too
     summary, verdict, log = judged(workdir, "quiet")
     if summary["noisy"]:
+        skip_unless_quiet(workdir, "quiet")
         assert remeasure(workdir, "quiet")
         summary, verdict, log = judged(workdir, "quiet")
+        if summary["noisy"]:
+            skip_unless_quiet(workdir, "quiet")
     assert not summary["noisy"] and summary["stable_share"] >= 0.8, summary.to_dict()
     assert verdict.startswith(f"This build was quiet: {summary['stable']} of "
                               f"{summary['configurations']} measured configurations were stable")
