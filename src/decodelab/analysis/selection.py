@@ -262,11 +262,73 @@ def spec_cells(runs: pd.DataFrame) -> pd.DataFrame:
 
 def speculative_best(proc: pd.DataFrame, ci: Confidence) -> dict | None:
     """`proc`: `spec_cells` of the speculative raw runs (or per-process times, as
-    `stats.spec_per_process` gives them)."""
+    `stats.spec_per_process` gives them). With MIN_PER_HALF processes per half, chosen on one
+    half and estimated on the other; with fewer, the best of every configuration with an interval
+    that holds for all of them at once (`simultaneous_best`)."""
     if not len(proc):
         return None
+    if too_few(*halves(proc["repeat"])):
+        return simultaneous_best(proc, ci)
     return choose("speculative_best", best_spec, spec_label, spec_samples, median_ratio, proc,
                   ci, (SPEC_KEYS, "total_s", "prompt"))
+
+
+# With fewer processes than a split needs, the best configuration's interval is one of a set that
+# covers every configuration at once (Bonferroni over the configurations, Student's t over the
+# paired units): whichever configuration wins, its interval keeps the family's coverage, so the
+# winner's curse cannot narrow it. Its width is at most t / sqrt(n - 1) times the largest range
+# of a configuration's unit log speedups (a sample's sd is at most half its range x
+# sqrt(n / (n - 1))); above MAX_WIDTH_FACTOR no interval is printed: too few units to say
+# anything.
+MAX_WIDTH_FACTOR = 4.0
+
+
+def paired_log_speedups(cells: pd.DataFrame) -> pd.DataFrame:
+    """Units x configurations: the log of autoregressive over speculative time of (pair, mode, k),
+    both from the same process and prompt (a unit), so a prompt's length and a process's state
+    cancel. Per process where the rows have no prompt cell."""
+    unit = ["repeat", "cell"] if "cell" in cells else ["repeat"]
+    base = (cells[cells["method"] == "autoregressive"]
+            .groupby(["pair", "mode", *unit])["total_s"].median().rename("base"))
+    spec = cells[cells["method"] == "speculative"].join(base, on=["pair", "mode", *unit])
+    logs = np.log(spec["base"] / spec["total_s"]).rename("log_speedup")
+    table = spec.assign(log_speedup=logs).pivot_table(
+        index=unit, columns=["pair", "mode", "k"], values="log_speedup", aggfunc="median")
+    return table.dropna()
+
+
+def simultaneous_best(cells: pd.DataFrame, ci: Confidence) -> dict:
+    """The headline mode's best (pair, k) by its mean paired log speedup over every unit, with
+    its Bonferroni-t interval over the mode's configurations; an interval only where the units
+    allow one within MAX_WIDTH_FACTOR."""
+    mode = headline_mode(spec_speedups(cells))
+    logs = paired_log_speedups(cells[cells["mode"] == mode])
+    naive = float(best_spec(cells).max()) if len(best_spec(cells)) else math.nan
+    n, m = logs.shape
+    what = "(process, prompt) units" if "cell" in cells else "processes"
+    if n < 3 or m == 0:
+        return unsplit("speculative_best", "", naive, f"{n} {what} measured every configuration, "
+                       "too few for an interval")
+    # a configuration's own sd, but never below the family's pooled one: the winner is not the
+    # configuration whose few units happened to agree
+    mean = logs.mean()
+    sd = logs.std(ddof=1).clip(lower=math.sqrt((logs.var(ddof=1)).mean()))
+    best = mean.idxmax()
+    t = float(st.t.ppf(1 - (1 - ci.confidence) / (2 * m), n - 1))
+    factor = t / math.sqrt(n - 1)
+    label = spec_label((best[0], best[1], best[2]))
+    if factor > MAX_WIDTH_FACTOR:
+        return unsplit("speculative_best", label, naive,
+                       f"{n} {what} for {m} configurations: too few for an interval")
+    half = t * sd[best] / math.sqrt(n)
+    low, high = math.exp(mean[best] - half), math.exp(mean[best] + half)
+    apart = bool(low > 1 or high < 1)
+    return {"claim": "speculative_best", "label": label,
+            "selected_on": f"all {n} {what}",
+            "estimated_on": f"the same, an interval over all {m} configurations at once",
+            "estimate": math.exp(mean[best]), "ci_low": low, "ci_high": high, "n": n,
+            "distinguishable": apart, "naive": naive,
+            "reason": "" if apart else "interval includes 1"}
 
 
 def spec_label(key: tuple) -> str:
