@@ -1,5 +1,5 @@
-"""Model sources (init, local, hf, and train in `train.py`): each builds a Hugging Face
-directory from its config entry, which later steps load with `models.load`."""
+"""Model sources (init, local, hf, train in `train.py`, package in `packaged.py`): each builds
+a Hugging Face directory from its config entry, which later steps load with `models.load`."""
 
 from __future__ import annotations
 
@@ -97,8 +97,16 @@ def prepare_train(out: Path, spec: dict, label: str, teacher_dir: Path | None) -
     train(out, spec, label, teacher_dir)
 
 
+def prepare_package(out: Path, spec: dict, label: str, teacher_dir: Path | None) -> None:
+    # Imported here: the GGUF reader and its dequantization are needed by this source alone.
+    from decodelab.backends.packaged import prepare_package as package
+
+    package(out, spec, label, teacher_dir)
+
+
 # Each source fills `out` (an empty directory) from its spec; `label` names the model in errors.
-SOURCES = {"init": prepare_init, "local": prepare_local, "hf": prepare_hf, "train": prepare_train}
+SOURCES = {"init": prepare_init, "local": prepare_local, "hf": prepare_hf, "train": prepare_train,
+           "package": prepare_package}
 
 
 def link_tree(src: Path, out: Path, skip: set[str] = frozenset()) -> None:

@@ -940,8 +940,8 @@ QUANT_TYPES = ("F16", "Q8_0", "Q4_0")
 
 
 def model_family(spec: Mapping) -> str | None:
-    """A model's architecture family as far as the DAG can know it: None for `hf` (its
-    conversion job names the architecture if the converter refuses it)."""
+    """A model's architecture family as far as the DAG can know it: None for `hf` and
+    `package` (its conversion job names the architecture if the converter refuses it)."""
     if spec["source"] == "init":
         return PRESETS[spec["preset"]][0]
     if spec["source"] == "train":
@@ -1202,8 +1202,8 @@ def sweep_backends(settings: Settings, planned: list[str], host: str) -> list[st
 
 
 def known_positions(name: str, spec: Mapping) -> int | None:
-    """A model's learned positions as far as the DAG can know them: None for `hf` (its job
-    checks once downloaded) and for position schemes without a table (ALiBi)."""
+    """A model's learned positions as far as the DAG can know them: None for `hf` and `package`
+    (their job checks once downloaded) and for position schemes without a table (ALiBi)."""
     if spec["source"] == "init":
         if spec["preset"] not in PRESETS:
             raise DecodelabError(f"config 'models.{name}.preset': unknown preset "
@@ -1225,7 +1225,15 @@ def known_positions(name: str, spec: Mapping) -> int | None:
 
 def model_fields(name: str, spec: Mapping) -> dict | None:
     """The config fields the DAG can know of a model: its spec's (init, train), its
-    config.json's (local); None for `hf` (its job checks once downloaded)."""
+    config.json's (local); None for `hf` and `package` (their job checks once downloaded: a
+    `package` job reads the GGUF header before it dequantizes anything)."""
+    if spec["source"] == "package":
+        wheel = spec.get("wheel")
+        if wheel and not Path(wheel).expanduser().is_file():
+            raise DecodelabError(f"config 'models.{name}.wheel': no file at {wheel!r}; give the "
+                                 f"path of {spec['package']} {spec['version']}'s .whl, or drop "
+                                 "'wheel' to download it from the package registry")
+        return None
     if spec["source"] != "local":
         return spec_fields(spec)
     try:
