@@ -4,6 +4,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
+from decodelab import studies
 from decodelab.config.check import schema_problem
 from decodelab.core.yamlsafe import file_problem
 
@@ -45,6 +46,12 @@ include: "workflow/rules/long.smk"
 include: "workflow/rules/batched.smk"
 include: "workflow/rules/paper.smk"
 include: "workflow/rules/artifact.smk"
+
+
+# Each study's own rules, from its folder (decodelab.studies)
+for study_rules in studies.files("rules.smk"):
+
+    include: study_rules
 
 
 rule all:

@@ -30,7 +30,7 @@ from fixtures import (
 )
 
 from decodelab.core import tables
-from decodelab.paper.build import SECTIONS, merged, write_generated
+from decodelab.paper.build import all_sections, merged, write_generated
 from decodelab.report import figures, seed, tex
 from decodelab.report import settings as paper_settings
 from decodelab.report.section import Section
@@ -259,12 +259,12 @@ def test_two_sections_may_not_define_the_same_name():
 
 def test_each_section_defines_the_same_names_whether_its_stage_ran_or_not(stats, tmp_path):
     ran = write_verification_stats(write_spec_stats(write_stats(tmp_path / "ran")))
-    for section in SECTIONS:
+    for section in all_sections():
         without, with_ = (section.parts(d, settings_dict()) for d in (stats, ran))
         assert set(without.macros) == set(with_.macros), section.__name__
         assert set(without.flags) == set(with_.flags), section.__name__
         assert set(without.files) == set(with_.files), section.__name__
-    ready = {name: flag for s in SECTIONS for name, flag in s.parts(ran, {}).flags.items()
+    ready = {name: flag for s in all_sections() for name, flag in s.parts(ran, {}).flags.items()
              if name.endswith("Ready")}
     assert ready == {"SpeculativeReady": True, "VerificationReady": True,
                      "RegimeDepthReady": False, "BenchmarksReady": False,

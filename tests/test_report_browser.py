@@ -50,7 +50,7 @@ def figure_categories() -> dict[str, str]:
 def expected_categories() -> set[str]:
     """The figures' categories and the merged tables' (the merge_hosts rule reads them from
     decodelab.core.tables)."""
-    return set(figure_categories().values()) | {t.category for t in tables.TABLES}
+    return set(figure_categories().values()) | {t.category for t in tables.all_tables()}
 
 
 def pattern_regex(pattern: str) -> re.Pattern:

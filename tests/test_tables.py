@@ -1,6 +1,6 @@
-"""The registry of statistics tables (decodelab.core.tables): what it declares is what the DAG
-writes,
-the host contract requires and the readers type; a table added there reaches all three."""
+"""The registry of statistics tables (decodelab.core.tables, with each study's declared in its
+folder): what it declares is what the DAG writes, the host contract requires and the readers
+type; a table added there reaches all three."""
 
 import re
 import shutil
@@ -14,13 +14,15 @@ from dag import ROOT, copy_workflow, snakemake, write_config
 
 from decodelab.core import hosts, tables
 from decodelab.core.errors import DecodelabError
+from decodelab.studies.speculative.declared import speculative
 
 HOST = "testhost"
-TOY = tables.speculative("toy", ("k",))  # a new table of the speculative study
+TOY = speculative("toy", ("k",))  # a new table of the speculative study
 
 
 def with_table(monkeypatch, table: tables.Table) -> None:
-    monkeypatch.setattr(tables, "TABLES", (*tables.TABLES, table))
+    declared = tables.all_tables()
+    monkeypatch.setattr(tables, "all_tables", lambda: (*declared, table))
 
 
 # -----------------------------------------------------------------------------
@@ -29,10 +31,10 @@ def with_table(monkeypatch, table: tables.Table) -> None:
 def test_names_are_unique_and_carry_their_group_prefix():
     names = tables.names()
     assert len(names) == len(set(names))
-    for t in tables.TABLES:
+    for t in tables.all_tables():
         assert t.name.startswith(tables.PREFIXES.get(t.group, "")), t.name
         assert tables.table(t.name) is t and tables.path("s", t.name) == Path(f"s/{t.name}.csv")
-    keys = [(t.group, t.key) for t in tables.TABLES]
+    keys = [(t.group, t.key) for t in tables.all_tables()]
     assert len(keys) == len(set(keys))
 
 
@@ -45,10 +47,11 @@ def test_groups_and_the_host_contract():
     assert [t.key for t in tables.group("speculative")] == [
         "acceptance", "speedup", "theory", "hf", "parallelism", "floor"]
     assert len(tables.names("regime_depth")) == 10
-    assert list(tables.required()) == ["latency", "kv_speedup", "regimes", "environment",
-                                       "skipped"]
+    assert sorted(tables.required()) == ["environment", "kv_speedup", "latency", "regimes",
+                                         "skipped"]
     assert tables.local_tables() == [n for n in tables.names() if n != "hosts"]
-    for t in tables.TABLES:  # what a reader types, the contract requires where it requires any
+    # what a reader types, the contract requires where it requires any
+    for t in tables.all_tables():
         if t.required is not None:  # but the verdicts, which results from before them lack
             assert set(t.flags) - set(tables.STABLE) <= set(t.required), t.name
             assert not set(tables.STABLE + tables.REASON) & set(t.required), t.name
@@ -165,12 +168,12 @@ def planned(workdir: Path, config: Path) -> list[tuple[str, list[str], list[str]
 
 
 def test_the_dag_writes_the_declared_tables_and_a_new_one(tmp_path, monkeypatch):
-    """One dry run of a workflow copy whose registry alone gained a speculative table."""
+    """One dry run of a workflow copy whose speculative study alone declared another table."""
     (tmp_path / "wf").mkdir()
     workdir = copy_workflow(tmp_path / "wf")
     package = shutil.copytree(ROOT / "src/decodelab", tmp_path / "src/decodelab",
                               ignore=shutil.ignore_patterns("__pycache__"))
-    registry = package / "core" / "tables.py"
+    registry = package / "studies" / "speculative" / "declared.py"
     anchor = '    speculative("parallelism", ("context", "k", "ratio", *CI, "n")),\n'
     assert registry.read_text().count(anchor) == 1
     toy_line = '    speculative("toy", ("k",)),\n'
@@ -182,7 +185,7 @@ def test_the_dag_writes_the_declared_tables_and_a_new_one(tmp_path, monkeypatch)
         return {Path(f).stem: rule for rule, _, outputs in jobs for f in outputs
                 if Path(f).parent == Path(folder)}
 
-    expected = {t.name: t.rule for t in (*tables.TABLES, TOY)}
+    expected = {t.name: t.rule for t in (*tables.all_tables(), TOY)}
     assert written_in(f"results/{HOST}/stats") == {n: r for n, r in expected.items()
                                                    if n != "hosts"}
     assert written_in("results/combined/stats") == dict.fromkeys(expected, "merge_hosts")

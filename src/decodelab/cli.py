@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from decodelab import studies
 from decodelab.config.settings import PREFLIGHT_ENV
 from decodelab.core.errors import DecodelabError
 
@@ -848,6 +849,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmarks", required=True, help="a stats/benchmarks.csv")
     p.add_argument("--host", help="the host's name when the table has no host column")
     p.set_defaults(func=artifact_times)
+    for study in studies.optional_modules("cli"):  # a study's own verbs, from its folder
+        study.add_verbs(verbs)
     return parser
 
 

@@ -1,25 +1,7 @@
 # The tables and figures the paper reads. merge_hosts writes the tables of this host and of
 # every imported one (config 'hosts') to results/combined/stats/; the figure rules draw
 # results/combined/figures/ from them. The tables are decodelab.core.tables'.
-PAPER_FIGURES = [
-    "latency",
-    "kv_speedup",
-    "regime_depth",
-    "changepoints",
-    "acceptance",
-    "speedup",
-    "parallelism",
-    "theory",
-    "quantized",
-    "long_acceptance",
-    "long_speedup",
-    "long_cost",
-    "batched_speedup",
-    "batched_overhead",
-] + [
-    "verification_tokens",
-    "verification_pvalues",
-]
+PAPER_FIGURES = studies.figures()  # every study's, from its folder (decodelab.studies)
 
 
 rule settings:
@@ -40,6 +22,7 @@ rule settings:
 rule paper:
     input:
         sources=sorted(str(p) for p in Path("paper").rglob("*") if p.is_file()),
+        study_sections=[str(p) for p in studies.files("section.tex")],
         settings=rules.settings.output,
         stats=expand("results/combined/stats/{table}.csv", table=tables.names()),
         figures=expand("results/combined/figures/{fig}.pdf", fig=PAPER_FIGURES),

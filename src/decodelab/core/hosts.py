@@ -510,7 +510,7 @@ def check_parquet(path: Path, what: str, bounds: Bounds) -> None:
 def check_contents(root: Path, what: str, bounds: Bounds) -> None:
     """Every table parses as the merge and the paper will read it, and holds only what the
     paper can typeset; runs.parquet decodes within the bounds."""
-    declared = {t.name: t for t in tables.TABLES}
+    declared = {t.name: t for t in tables.all_tables()}
     for path in sorted((root / "stats").rglob("*.csv")):
         table = declared.get(path.stem) if path.parent == root / "stats" else None
         check_table(path, f"{what}: {path.relative_to(root)}", table, bounds.max_file_bytes)

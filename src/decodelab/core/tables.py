@@ -3,15 +3,19 @@ it, its typed columns, what the host contract requires of it and its HTML-report
 
 The Snakemake rules expand their outputs from here; the figures, the paper, the host contract
 (`decodelab.core.hosts`) and the reference comparison read the tables through `read`/`read_group`.
-Adding a table is one declaration below plus the code that computes it.
+The tables no single study owns are declared below; a study declares its own in its folder
+(`decodelab/studies/<name>/declared.py`), and `all_tables` puts them together. Adding a table is
+one declaration plus the code that computes it.
 
 No pandas at import time: the DAG imports this module.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from decodelab.core.errors import DecodelabError
@@ -53,46 +57,13 @@ class Table:
         return self.name.removeprefix(PREFIXES.get(self.group, ""))
 
 
-def speculative(key: str, numeric: tuple[str, ...], flags: tuple[str, ...] = (),
-                text: tuple[str, ...] = ()) -> Table:
-    return Table(f"speculative_{key}", "speculative", "speculative_stats", "Speculative",
-                 numeric=numeric, flags=flags, text=text, optional=True)
-
-
-VERIFICATION_TEXT = ("pair", "check", "sampler")
 # The long-context pair's name in the verification tables: this and its drafter's ("long:self");
 # no configured pair has a colon (config names), so its rows stand apart
 # (decodelab.studies.verification.run).
 LONG_PAIR = "long:"
 
 
-def verification(key: str, numeric: tuple[str, ...], flags: tuple[str, ...] = ()) -> Table:
-    return Table(f"verification_{key}", "verification", "verification_stats", "Verification",
-                 numeric=numeric, flags=flags, text=VERIFICATION_TEXT, optional=True)
-
-
-def regime_depth(key: str, flags: tuple[str, ...] = ("use_cache",)) -> Table:
-    return Table(f"regime_{key}", "regime_depth", "regime_depth", "Decode regimes", flags=flags)
-
-
 CI = ("ci_low", "ci_high")
-LONG_TEXT = ("target", "backend", "drafter", "policy")  # and the numbers length, kv_budget
-
-
-def long(key: str, numeric: tuple[str, ...], per_mode: bool = True) -> Table:
-    """A long-context table, per configuration (and per mode and K where `per_mode`)."""
-    return Table(f"long_{key}", "long", "long_stats", "Long contexts",
-                 numeric=("length", "kv_budget", *(("k",) if per_mode else ()), *numeric),
-                 text=(*LONG_TEXT, *(("mode",) if per_mode else ())), optional=True)
-
-BATCHED_KEYS = ("batch", "context", "k")
-
-
-def batched(key: str, numeric: tuple[str, ...], text: tuple[str, ...] = ()) -> Table:
-    """A batched-speculation table, per backend, batch size and context."""
-    return Table(f"batched_{key}", "batched", "batched_stats", "Batched speculation",
-                 numeric=(*BATCHED_KEYS, *numeric), text=("backend", *text), optional=True)
-
 # Every row's stability verdict (decodelab.analysis.stability). Not required of a host: results from
 # before it (results/reference/, older imports) lack it.
 STABLE, REASON = ("stable",), ("unstable_reason",)
@@ -112,20 +83,9 @@ def verdicts(study: str, numeric: tuple[str, ...], text: tuple[str, ...],
                  optional=True)
 
 
-# In the order the merge writes them (its --tables argument).
-TABLES = (
-    Table("latency", "latency", "statistics", "Decode regimes",
-          numeric=("prompt_len", "budget", "median", *CI, "n"), flags=("use_cache", *STABLE),
-          text=REASON, required=(*SWEEP_KEYS, "median", *CI, "n")),
-    Table("kv_speedup", "latency", "statistics", "KV cache",
-          numeric=("prompt_len", "budget", "speedup", *CI, "n"), flags=STABLE, text=REASON,
-          required=("backend", "model", "family", "dtype", "prompt_len", "budget", "metric",
-                    "speedup", *CI)),
-    Table("regimes", "regimes", "regimes", "Decode regimes",
-          numeric=("prompt_len", "budget", "value_median", "trend_median", "ratio_median",
-                   "ratio_min", "frac_above", "p_value", "n_repeats"),
-          flags=("use_cache", "spike", *STABLE), text=REASON,
-          required=(*SWEEP_KEYS, "ratio_median", "spike")),
+# The tables no single study owns, in the order the merge writes them (its --tables argument);
+# each study's follow (`all_tables`).
+CORE_TABLES = (
     verdicts("sweep", ("prompt_len", "budget"),
              ("experiment", "backend", "model", "family", "dtype"), flags=("use_cache",)),
     verdicts("speculative", ("k",), ("pair", "method", "mode")),
@@ -148,72 +108,6 @@ TABLES = (
     Table("skipped", "environment", "skipped", "Hosts and reference",
           required=("backend", "reason")),
     Table("models", "environment", "model_table", "Speculative", optional=True),
-    # alpha: per-token acceptance (from tokens per call); proposal_acceptance: accepted/proposed
-    speculative("acceptance", ("k", "alpha", *CI, "proposal_acceptance", "tokens_per_call", "n")),
-    # speedup over the fair baseline (`baseline`), speedup_stepped over the per-step harness
-    # prompt_ci_*: the interval over prompts (every process decodes the same ones)
-    speculative("speedup", ("k", "speedup", *CI, "prompts", "prompt_ci_low", "prompt_ci_high",
-                            "spec_s", "autoregressive_s", "n",
-                            "overhead_share", "host_gap_share", "speedup_stepped", "stepped_ci_low",
-                            "stepped_ci_high", "stepped_s"),
-                flags=STABLE, text=(*REASON, "baseline")),
-    speculative("theory", ("k", "alpha", "cost_ratio", "predicted", "measured", "verify_cost",
-                          "predicted_verify", "draft_cost", "predicted_passes")),
-    speculative("hf", ("k", "ours_s", "hf_s", "ours_over_hf", *CI, "agree_hf_assisted",
-                       "agree_speculative")),
-    speculative("parallelism", ("context", "k", "ratio", *CI, "n")),
-    # a model's greedy step alone over its memory-bandwidth floor (weight bytes / copy bandwidth)
-    speculative("floor", ("step_s", "weight_bytes", "bandwidth", "floor_s", "over_floor", "n"),
-                text=("pair", "role", "model", "device", "engine")),
-    Table("quantized_verify_cost", "quantized", "quantized_stats", "Quantized",
-          numeric=("context", "k", "ratio", *CI, "n", "extra_per_token"), flags=STABLE,
-          text=("backend", "quantization", "device", "model", *REASON), optional=True),
-    Table("quantized_speculative", "quantized", "quantized_stats", "Quantized",
-          numeric=("k", "speedup", *CI, "agree", "sequences", "diverged", "first_divergence",
-                   "min_margin"),
-          text=("pair", "target_backend", "target_quant", "draft_backend", "draft_quant",
-                "mode"), optional=True),
-    Table("quantized_peer", "quantized", "quantized_stats", "Quantized",
-          numeric=("k", "peer_speedup", *CI, "n", "peer_acceptance", "peer_tokens_per_s",
-                   "peer_autoregressive_tokens_per_s", "decodelab_speedup",
-                   "decodelab_proposal_acceptance"),
-          text=("pair", "mode"), optional=True),
-    # the long-context study (decodelab.studies.long.tables): per L x KV budget x policy x drafter
-    # x mode
-    # x K, intervals over held-out documents
-    long("acceptance", ("alpha", *CI, "proposal_acceptance", "proposal_ci_low",
-                        "proposal_ci_high", "tokens_per_call", "n")),
-    long("speedup", ("speedup", *CI, "spec_s", "autoregressive_s", "cost_ratio", "alpha",
-                     "predicted", "n")),
-    long("memory", ("draft_kv_bytes", "verifier_kv_bytes", "peak_bytes", "rss_bytes", "n"),
-         per_mode=False),
-    # batched speculation (decodelab.studies.batched.tables): per backend, batch size and context
-    batched("throughput", ("tokens_per_s", "speedup", *CI, "over_synchronized", "sync_ci_low",
-                           "sync_ci_high", "over_unsynchronized", "unsync_ci_low",
-                           "unsync_ci_high", "acceptance", "refresh_layer", "n"),
-            text=("mode",)),
-    batched("costs", ("forward_s", "verify_s", "verify_tokens", "measured_overhead", "t_draft",
-                      "t_verify", "overhead", "ceiling")),
-    batched("simulator", ("gain", *CI, "best_fixed_k", "adaptive_tokens_per_s",
-                          "fixed_tokens_per_s", "fixed_over_autoregressive", "seeds"),
-            text=("scenario",)),
-    verification("levels", ("level", "statistic", "dof", "p_value", "n"),
-                 flags=("rejected", "expected_rejected")),
-    verification("power", ("level", "n", "seeds", "alpha", "rejections", "rate")),
-    verification("pvalues", ("level", "p_value", "seed")),
-    verification("tokens", ("rank", "autoregressive", "speculative", "n_autoregressive",
-                            "n_speculative")),
-    verification("greedy", ("prompts", "fraction_equal", "divergences", "min_margin")),
-    regime_depth("summary"),
-    regime_depth("phases"),
-    regime_depth("variance"),
-    regime_depth("variance_summary"),
-    regime_depth("memory", flags=()),
-    regime_depth("changepoints", flags=("use_cache", "changepoint", "spike")),
-    regime_depth("changepoint_curves"),
-    regime_depth("agreement"),
-    regime_depth("kv_collapse", flags=()),
-    regime_depth("onsets", flags=STABLE),
     Table("reference_comparison", "artifact", "reference_comparison", "Hosts and reference",
           optional=True),
     Table("benchmarks", "artifact", "benchmark_summary", "Benchmarks", optional=True),
@@ -225,8 +119,16 @@ TABLES = (
 # -----------------------------------------------------------------------------
 # the registry
 
+@cache
+def all_tables() -> tuple[Table, ...]:
+    """Every table: the core's, then each study's, as the registry (`decodelab.studies`) finds
+    them in the studies' folders. Found by name at the first call: the core imports no study."""
+    studies = importlib.import_module("decodelab.studies")
+    return (*CORE_TABLES, *studies.tables())
+
+
 def table(name: str) -> Table:
-    for t in TABLES:
+    for t in all_tables():
         if t.name == name:
             return t
     raise DecodelabError(f"no statistics table {name!r}; known: {', '.join(names())}")
@@ -234,22 +136,22 @@ def table(name: str) -> Table:
 
 def group(name: str) -> list[Table]:
     """A group's tables in declaration order."""
-    return [t for t in TABLES if t.group == name]
+    return [t for t in all_tables() if t.group == name]
 
 
 def names(group_name: str | None = None) -> list[str]:
     """Table names in declaration order, of one group or of all."""
-    return [t.name for t in (TABLES if group_name is None else group(group_name))]
+    return [t.name for t in (all_tables() if group_name is None else group(group_name))]
 
 
 def local_tables() -> list[str]:
     """The tables every host writes in results/<host>/stats/ (the merge's inputs)."""
-    return [t.name for t in TABLES if t.per_host]
+    return [t.name for t in all_tables() if t.per_host]
 
 
 def required() -> dict[str, tuple[str, ...]]:
     """The host contract: table -> the columns the merge, the figures and the paper read."""
-    return {t.name: t.required for t in TABLES if t.required is not None}
+    return {t.name: t.required for t in all_tables() if t.required is not None}
 
 
 def report_category(name: str) -> str:

@@ -12,23 +12,21 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from decodelab import studies
 from decodelab.core.errors import DecodelabError
 from decodelab.core.io import atomic
 from decodelab.paper import artifact
 from decodelab.report import environment, noise, settings
 from decodelab.report.section import Section
 from decodelab.report.tex import macros_tex
-from decodelab.studies.batched import paper as batched
-from decodelab.studies.long import paper as long
-from decodelab.studies.quantized import paper as quantized
-from decodelab.studies.speculative import paper as speculative
-from decodelab.studies.speculative import pays
-from decodelab.studies.sweep import paper as latency
-from decodelab.studies.sweep import paper_depth as regime_depth
-from decodelab.studies.verification import paper as verification
 
-SECTIONS = (settings, environment, noise, latency, speculative, pays, quantized, long, batched,
-            verification, regime_depth, artifact)
+# The sections no single study owns; each study's paper modules come from the registry.
+CORE_SECTIONS = (settings, environment, noise, artifact)
+STUDY_TEX = "generated/studies.tex"  # \input by paper.tex: every study's own section.tex
+
+
+def all_sections() -> list:
+    return [*CORE_SECTIONS, *studies.sections()]
 
 
 def merged(sections: list[Section]) -> Section:
@@ -45,8 +43,9 @@ def merged(sections: list[Section]) -> Section:
 
 def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path]:
     """macros.tex and tab_*.tex under `out_dir`, from the stats tables and the settings."""
-    paper = merged([section.parts(Path(stats_dir), settings) for section in SECTIONS])
-    files = {"macros.tex": macros_tex(paper.macros, paper.flags), **paper.files}
+    paper = merged([section.parts(Path(stats_dir), settings) for section in all_sections()])
+    files = {"macros.tex": macros_tex(paper.macros, paper.flags), **paper.files,
+             Path(STUDY_TEX).name: study_inputs()}
     return [atomic(Path(out_dir) / name, lambda p, text=text: p.write_text(text))
             for name, text in files.items()]
 
@@ -54,6 +53,12 @@ def write_generated(stats_dir: Path, settings: dict, out_dir: Path) -> list[Path
 # kpathsea's settings for this run: TeX reads and writes only below the build directory (no
 # absolute paths, no '..', no dot files) and runs no shell command, whatever the TeX says.
 CONFINED = {"openin_any": "p", "openout_any": "p", "shell_escape": "f"}
+
+
+def study_inputs() -> str:
+    """The \\input of every study's own section.tex, in the paper's order."""
+    return "".join(f"\\input{{sections/{tex.parent.name}.tex}}\n"
+                   for tex in studies.files("section.tex"))
 
 
 def latexmk(build_dir: Path, main: str = "paper.tex") -> Path:
@@ -76,6 +81,8 @@ def build(sources: Path, stats_dir: Path, figures_dir: Path, settings: dict,
     build_dir = Path(build_dir)
     shutil.rmtree(build_dir, ignore_errors=True)
     shutil.copytree(sources, build_dir)
+    for tex in studies.files("section.tex"):
+        shutil.copy2(tex, build_dir / "sections" / f"{tex.parent.name}.tex")
     write_generated(stats_dir, settings, build_dir / "generated")
     (build_dir / "figures").mkdir(exist_ok=True)
     for pdf in sorted(Path(figures_dir).glob("*.pdf")):
