@@ -104,7 +104,9 @@ def test_pdflatex_reads_nothing_outside_the_build_and_runs_no_shell(tmp_path):
 
 @pytest.mark.parametrize("name, column", [("environment", "cpu_count"),
                                           ("speculative_speedup", "k"),
-                                          ("verification_power", "rejections")])
+                                          ("verification_power", "rejections"),
+                                          ("regime_summary", "configs"),
+                                          ("benchmarks", "total_s")])
 def test_a_declared_number_that_is_not_one_stops_the_paper_naming_row_and_column(
         tmp_path, name, column):
     stats = with_cells(tmp_path, name, "x", [column])

@@ -99,9 +99,9 @@ def check_replaceable(dest: Path, replace: bool) -> None:
 
 
 def missing_files(root: Path) -> list[str]:
-    """Required files of the contract that `root` lacks, as paths relative to it."""
+    """Required files of the contract that `root` lacks, as paths relative to it, by name."""
     root = Path(root)
-    return [f"stats/{name}.csv" for name in tables.required()
+    return [f"stats/{name}.csv" for name in sorted(tables.required())
             if not (root / "stats" / f"{name}.csv").is_file()]
 
 

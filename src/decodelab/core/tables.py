@@ -110,7 +110,9 @@ CORE_TABLES = (
     Table("models", "environment", "model_table", "Speculative", optional=True),
     Table("reference_comparison", "artifact", "reference_comparison", "Hosts and reference",
           optional=True),
-    Table("benchmarks", "artifact", "benchmark_summary", "Benchmarks", optional=True),
+    Table("benchmarks", "artifact", "benchmark_summary", "Benchmarks",
+          numeric=("jobs", "expected", "total_s", "median_s", "max_s", "median_rss_mb",
+                   "max_rss_mb"), optional=True),
     Table("hosts", "hosts", "merge_hosts", "Hosts and reference", optional=True,
           per_host=False),
 )

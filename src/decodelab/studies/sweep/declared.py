@@ -12,8 +12,13 @@ SECTIONS = ("paper", "paper_depth")
 FIGURES = ("latency", "kv_speedup", "regime_depth", "changepoints")
 
 
-def regime_depth(key: str, flags: tuple[str, ...] = ("use_cache",)) -> Table:
-    return Table(f"regime_{key}", "regime_depth", "regime_depth", "Decode regimes", flags=flags)
+GRID_NUMBERS = ("prompt_len", "budget")
+
+
+def regime_depth(key: str, numeric: tuple[str, ...], flags: tuple[str, ...] = ("use_cache",)
+                 ) -> Table:
+    return Table(f"regime_{key}", "regime_depth", "regime_depth", "Decode regimes",
+                 numeric=numeric, flags=flags)
 
 
 TABLES = (
@@ -29,14 +34,23 @@ TABLES = (
                    "ratio_min", "frac_above", "p_value", "n_repeats"),
           flags=("use_cache", "spike", *STABLE), text=REASON,
           required=(*SWEEP_KEYS, "ratio_median", "spike")),
-    regime_depth("summary"),
-    regime_depth("phases"),
-    regime_depth("variance"),
-    regime_depth("variance_summary"),
-    regime_depth("memory", flags=()),
-    regime_depth("changepoints", flags=("use_cache", "changepoint", "spike")),
-    regime_depth("changepoint_curves"),
-    regime_depth("agreement"),
-    regime_depth("kv_collapse", flags=()),
-    regime_depth("onsets", flags=STABLE),
+    regime_depth("summary", ("configs", "spikes", "max_ratio", "max_ratio_budget")),
+    regime_depth("phases", (*GRID_NUMBERS, "spikes", "n", "ratio_total", "ratio_prefill",
+                            "ratio_decode", "decode_share", "statistic", "p_decode", "p_prefill")),
+    regime_depth("variance", (*GRID_NUMBERS, "processes", "runs", "var_between", "var_within",
+                              "share_between", "f_stat", "p_value")),
+    regime_depth("variance_summary", ("configs", "separable", "share_pooled", "share_median",
+                                      "share_q25", "share_q75", "significant", "alpha")),
+    regime_depth("memory", ("configs", "rho", "p_value", "r2", "slope_per_gib",
+                            "rho_given_budget", "p_given_budget"), flags=()),
+    regime_depth("changepoints", (*GRID_NUMBERS, "signal", "segment"),
+                 flags=("use_cache", "changepoint", "spike")),
+    regime_depth("changepoint_curves", ("prompt_len", "sigma", "penalty", "changepoints")),
+    regime_depth("agreement", ("curves", "changepoints", "curves_with_changepoint", "spikes",
+                               "spikes_coinciding", "changepoints_at_spikes")),
+    regime_depth("kv_collapse", (*GRID_NUMBERS, "spikes", "n", "ratio_total", "speedup",
+                                 "speedup_trend", "speedup_ratio", "statistic", "p_value",
+                                 "control_ratio"), flags=()),
+    regime_depth("onsets", (*GRID_NUMBERS, "repeat", "inner", "steps", "onset", "step_up",
+                            "launch_up", "launch_cpu_up"), flags=STABLE),
 )
