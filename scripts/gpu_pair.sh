@@ -4,19 +4,21 @@
 # its K) eager and graph against the fair baseline, gpt2-xl and gpt2 fp16 (init weights) on each
 # engine of the floor (scripts/gpu_pair.py's FLOOR_ENGINES) against the bandwidth floor, with each
 # step split into its kernels, then the graph engine's tests on the GPU. One tarball in $OUT holds
-# results/reference/cuda-h200/graph-engine/.
+# results/gpu-runs/cuda-h200/graph-engine/.
 #   Usage: scripts/gpu_pair.sh [SECONDS (default 500)] [--smoke|""] [PARTS (default pair,bandwidth)]
 # --smoke checks the logic on a CPU host: tiny models, eager only, the tarball in $OUT or /tmp.
 # The earlier runs kept in the reference's run-*/ folders stay; this run's folders are replaced.
 # The tests need pytest: on a host without it, carry `.whl` (its pytest, pluggy, iniconfig and
 # pygments wheels are installed into /tmp/site-pytest, nothing else is touched).
+# A run lands in results/gpu-runs/ (raw rows, logs); what becomes a reference is its stats/ and a
+# one-page README, copied into results/reference/<name>/ (results/reference/README.md).
 set -uo pipefail
 deadline=$((SECONDS + ${1:-500}))
 smoke=${2:-}
 parts=${3:-pair,bandwidth}
 out=${OUT:-/tmp/gpu_pair_out}
 python=${PYTHON:-python3}
-ref=results/reference/cuda-h200/graph-engine
+ref=results/gpu-runs/cuda-h200/graph-engine
 models=${MODELS:-/tmp/gpu_pair_models}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 # The config checks need jsonschema, which a bare device image may lack: carried in `.whl` too.

@@ -5,13 +5,15 @@
 # graphs) and `eager` with cuDNN attention left out (sdp_backends flash, mem_efficient, math;
 # see decodelab.backends.devices.set_sdp_backends), then the verdicts (cv between processes per
 # configuration, `decodelab verdicts`) and the latency table. Writes $OUT/gpu-sweeps.tgz holding
-# results/reference/<card>/stable-timing/ (raw/, stats/, logs/, commands.sh; cuda-h200 or cuda-h100
+# results/gpu-runs/<card>/stable-timing/ (raw/, stats/, logs/, commands.sh; cuda-h200 or cuda-h100
 # by nvidia-smi's name, else the backend), or REF.
 #   Usage: scripts/gpu_sweeps.sh [SECONDS (default 540)]
 #   MODELS="gpt2 gpt2-xl" REPS=3 BACKEND=cuda ENGINES="graph eager"; engine `pinned` is `eager`
 #   with every process on one CPU core (PIN, default 2), to test whether the eager spread between
 #   processes follows the core that launches the kernels; its test on a CPU:
 #   BACKEND=cpu ENGINES=eager MODELS=gpt2-tiny REPS=2 scripts/gpu_sweeps.sh 300
+# A run lands in results/gpu-runs/ (raw rows, logs); what becomes a reference is its stats/ and a
+# one-page README, copied into results/reference/<name>/ (results/reference/README.md).
 set -uo pipefail
 deadline=$((SECONDS + ${1:-540}))
 models=${MODELS:-gpt2 gpt2-xl}
@@ -22,7 +24,7 @@ pin=${PIN:-2}
 out=${OUT:-/tmp/gpu-sweeps-out}
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 case $card in *H200*) dev=cuda-h200 ;; *H100*) dev=cuda-h100 ;; *) dev=$backend ;; esac
-ref=${REF:-results/reference/$dev/stable-timing} # the card's reference, unless REF names one
+ref=${REF:-results/gpu-runs/$dev/stable-timing} # the card's reference, unless REF names one
 work=${WORK:-/tmp/gpu-sweeps}
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 if ! python3 -c "import jsonschema" 2>/dev/null && ls .gpu/whl/*.whl >/dev/null 2>&1; then

@@ -8,19 +8,21 @@
 # on the same GGUF pair (the peer: llama-speculative and llama-completion built from the wheel's
 # CMake tree in .gpu/build, only those targets; from the carried source where that tree is not
 # here), all through decodelab's CLI (no snakemake there). Writes $OUT/quantized-cuda.tgz:
-# results/reference/cuda-h200/quantized/ (raw/, stats/, logs/, commands.sh, env.txt) and, when
+# results/gpu-runs/cuda-h200/quantized/ (raw/, stats/, logs/, commands.sh, env.txt) and, when
 # it was built here, the wheel.
 # Usage: scripts/quantized_cuda.sh SECONDS [--no-build]   (--no-build: the installed llama_cpp)
 # Shorter calls: DECODELAB_QUANT_PEER=0 (no peer), DECODELAB_QUANT_MIXED=0 (no PyTorch-draft pair),
 # DECODELAB_QUANT_REPEATS=N (processes per measurement).
 # Its test on a CPU: DECODELAB_QUANT_DEVICE=cpu DECODELAB_QUANT_STEPS=20
 # DECODELAB_QUANT_GPT2=gpt2-tiny DECODELAB_QUANT_REPEATS=1 scripts/quantized_cuda.sh 900 --no-build
+# A run lands in results/gpu-runs/ (raw rows, logs); what becomes a reference is its stats/ and a
+# one-page README, copied into results/reference/<name>/ (results/reference/README.md).
 set -uo pipefail
 deadline=$((SECONDS + ${1:?usage: quantized_cuda.sh SECONDS [--no-build]}))
 build=${2:-build}
 device=${DECODELAB_QUANT_DEVICE:-cuda}  # cpu: the same steps on a CPU build (the script's test)
 out=${OUT:-/tmp/quantized-cuda-out}
-ref=${DECODELAB_QUANT_REF:-results/reference/cuda-h200/quantized}  # where a CPU run lands: DECODELAB_QUANT_REF
+ref=${DECODELAB_QUANT_REF:-results/gpu-runs/cuda-h200/quantized}  # where a CPU run lands: DECODELAB_QUANT_REF
 work=${DECODELAB_QUANT_WORK:-/tmp/quantized-cuda}
 src=$PWD/.gpu/llama-src
 # --exclude-libs: without it libllama's std::ostream calls can land in C++ runtime code inside
