@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from decodelab import studies
 from decodelab.paper.build import build, write_generated
 from decodelab.studies.speculative import figures as speculative_figures
 from decodelab.studies.sweep import figures as sweep_figures
@@ -443,7 +444,8 @@ def empty_tables(stats_dir: Path) -> None:
 
 
 def tex_sources() -> list[Path]:
-    return sorted(PAPER.rglob("*.tex"))
+    """paper/'s TeX and every study's own section.tex."""
+    return [*sorted(PAPER.rglob("*.tex")), *studies.files("section.tex")]
 
 
 def strip_comments(text: str) -> str:

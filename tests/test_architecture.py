@@ -16,8 +16,8 @@ HEAVY = {"torch", "transformers"}
 
 # The layers are the package's folders, lowest first: a module imports from its own layer or a
 # lower one (a study may use another study). Only the measuring layers, a study's `run` and the
-# verification study's `equivalence` (and the CLI, which calls them from inside its verbs) may
-# reach torch.
+# verification study's `equivalence` (and the CLI, with each study's verbs in its folder's
+# `cli`, which call them from inside their verbs) may reach torch.
 LAYERS = ("core", "config", "analysis", "measure", "report", "studies", "compose")
 FOLDERS = {"core": "core", "config": "config", "analysis": "analysis", "backends": "measure",
            "engines": "measure", "report": "report", "studies": "studies", "paper": "compose",
@@ -121,6 +121,8 @@ def layer_of(module: str) -> str | None:
     parts = module.split(".")
     if len(parts) < 2:
         return None
+    if parts[1] == "studies" and parts[-1] == "cli":  # a study's verbs: the CLI's, in its folder
+        return "compose"
     if parts[1] == "studies" and parts[-1] in MEASURING_STUDY_MODULES:
         return "measure"
     return FOLDERS.get(parts[1])
@@ -160,6 +162,7 @@ def test_the_layer_rule_sees_an_upward_import():
     assert layer_of("decodelab.core.tables") == "core"
     assert layer_of("decodelab.studies.sweep.run") == "measure"
     assert layer_of("decodelab.studies.sweep.tables") == "studies"
+    assert layer_of("decodelab.studies.sweep.cli") == "compose"
     assert LAYERS.index(layer_of("decodelab.report.tex")) > LAYERS.index("analysis")
 
 

@@ -29,6 +29,7 @@ from fixtures import (
     write_verification_stats,
 )
 
+from decodelab import studies
 from decodelab.core import tables
 from decodelab.paper.build import all_sections, merged, write_generated
 from decodelab.report import figures, seed, tex
@@ -275,7 +276,7 @@ def test_each_section_defines_the_same_names_whether_its_stage_ran_or_not(stats,
 def test_write_generated_all_files(stats_gen):
     written = stats_gen.written
     names = {p.name for p in written}
-    assert names == {"macros.tex", "tab_environment.tex", "tab_kv.tex", "tab_regimes.tex",
+    assert names == {"macros.tex", "studies.tex", "tab_environment.tex", "tab_kv.tex", "tab_regimes.tex",
                      "tab_skipped.tex", "tab_settings.tex", "tab_spec_pairs.tex",
                      "tab_spec_hf.tex", "tab_models.tex", "tab_verification.tex",
                      "tab_power.tex", "tab_hosts.tex", "tab_reference.tex",
@@ -432,7 +433,7 @@ def test_models_csv_with_flat_columns(spec_stats, tmp_path):
 @pytest.mark.parametrize("section", ["speculative", "verification", "long", "batched"])
 def test_seed_claims_are_labelled_in_the_text(section):
     """The seed's numbers reach the paper only as Seed* macros, in a sentence naming the seed."""
-    text = strip_comments((PAPER / "sections" / f"{section}.tex").read_text())
+    text = strip_comments((studies.HERE / section / "section.tex").read_text())
     uses = [m.start() for m in re.finditer(r"\\Seed[A-Z]", text)]
     assert uses, "the seed's claims are not quoted"
     start = text.index(r"\paragraph{Against the seed.}")
@@ -448,7 +449,8 @@ def test_seed_claims_are_labelled_in_the_text(section):
 
 def test_seed_macros_only_in_their_sections():
     for path in tex_sources():
-        if path.stem not in ("speculative", "verification", "long", "batched"):
+        study = path.parent.name if path.name == "section.tex" else path.stem
+        if study not in ("speculative", "verification", "long", "batched"):
             assert not re.search(r"\\Seed[A-Z]", strip_comments(path.read_text())), path
 
 

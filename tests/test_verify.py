@@ -16,6 +16,7 @@ from decodelab.core.errors import DecodelabError
 from decodelab.core.io import read_report
 from decodelab.engines.longctx import first_draft_log_probs
 from decodelab.engines.sparse_kv import Policy
+from decodelab.studies.verification import cli as verification_cli
 from decodelab.studies.verification import equivalence as eq
 from decodelab.studies.verification import run as verify
 
@@ -172,8 +173,8 @@ def test_the_verb_runs_every_level_on_a_long_pair(tmp_path, one_thread):
                      json.dumps(job), "--target-dir", str(tmp_path / "m"), "--threads", "1",
                      "--out", str(out)])
     assert code == 0
-    report = read_report(out, cli.verify_rule(str(out)))
-    assert cli.verify_rule(str(out)) == "verify_long"
+    report = read_report(out, verification_cli.verify_rule(str(out)))
+    assert verification_cli.verify_rule(str(out)) == "verify_long"
     assert report["settings"] == {**check, "device": "cpu"}
     levels = {(r["level"], r["check"]) for r in report["results"]}
     assert levels == {(1, "one step, long-context pairs"),
