@@ -276,8 +276,8 @@ def test_each_section_defines_the_same_names_whether_its_stage_ran_or_not(stats,
 def test_write_generated_all_files(stats_gen):
     written = stats_gen.written
     names = {p.name for p in written}
-    assert names == {"macros.tex", "studies.tex", "tab_environment.tex", "tab_kv.tex", "tab_regimes.tex",
-                     "tab_skipped.tex", "tab_settings.tex", "tab_spec_pairs.tex",
+    assert names == {"macros.tex", "studies.tex", "tab_environment.tex", "tab_kv.tex",
+                     "tab_regimes.tex", "tab_skipped.tex", "tab_settings.tex", "tab_spec_pairs.tex",
                      "tab_spec_hf.tex", "tab_models.tex", "tab_verification.tex",
                      "tab_power.tex", "tab_hosts.tex", "tab_reference.tex",
                      "tab_benchmarks.tex", "tab_regime_depth.tex", "tab_quantized.tex",
