@@ -1,9 +1,11 @@
 """What the `decodelab` verbs of the CLI and of every study's cli.py share, without torch: a JSON
-argument read as typed settings, and a verdicts table read typed."""
+argument read as typed settings, a verdicts table read typed, and a study's figures verb."""
 
 from __future__ import annotations
 
+import importlib
 import json
+from pathlib import Path
 
 from decodelab.core.errors import DecodelabError
 
@@ -35,3 +37,17 @@ def read_verdicts(path: str, study: str):
     except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError) as err:
         raise DecodelabError(f"{path}: not a readable verdicts table ({err}); rerun the "
                              "verdicts rule") from err
+
+
+def add_figures_verb(verbs, name: str, what: str, draw: str) -> None:
+    """`decodelab <name> --stats DIR --out DIR`: a study's figures, drawn by `draw`
+    ('module:function', imported when the verb runs, so that the parser loads no matplotlib)."""
+    module, function = draw.split(":")
+
+    def run(args):
+        getattr(importlib.import_module(module), function)(Path(args.stats), Path(args.out))
+
+    p = verbs.add_parser(name, help=f"draw {what}")
+    p.add_argument("--stats", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=run)

@@ -3,10 +3,8 @@ statistics and figures. Torch is imported inside the verbs, as the CLI's own do.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from decodelab.backends.jobs import add_timing, open_job
-from decodelab.core.verbs import typed
+from decodelab.core.verbs import add_figures_verb, typed
 
 
 def batched_stats(args):
@@ -20,11 +18,6 @@ def batched_stats(args):
     tables.write_group(args.out, "batched", batchstats.tables(
         runs, costs, typed(Confidence, args.spec)))
 
-
-def batched_figures(args):
-    from decodelab.studies.batched.figures import batched_figures as draw
-
-    draw(Path(args.stats), Path(args.out))
 
 
 def batched_throughput(args):
@@ -48,10 +41,8 @@ def add_verbs(verbs) -> None:
     p.add_argument("--costs", nargs="*", default=[], help="the runs' forward timings")
     p.set_defaults(func=batched_stats)
 
-    p = verbs.add_parser("batched-figures", help="draw the batched-speculation figures")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=batched_figures)
+    add_figures_verb(verbs, "batched-figures", "the batched-speculation figures",
+                     "decodelab.studies.batched.figures:batched_figures")
 
     p = verbs.add_parser("batched", help="tokens/s of batched AR, synchronized and "
                                          "non-synchronized speculation, per batch size")

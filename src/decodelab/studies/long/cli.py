@@ -3,10 +3,8 @@ figures. Torch is imported inside the verbs, as the CLI's own do."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from decodelab.backends.jobs import add_timing, open_job
-from decodelab.core.verbs import typed
+from decodelab.core.verbs import add_figures_verb, typed
 
 
 def long_stats(args):
@@ -18,11 +16,6 @@ def long_stats(args):
     runs = stats.read_raw_runs(args.runs, "long")
     tables.write_group(args.out, "long", longstats.tables(runs, typed(Confidence, args.spec)))
 
-
-def long_figures(args):
-    from decodelab.studies.long.figures import long_figures as draw
-
-    draw(Path(args.stats), Path(args.out))
 
 
 def long_context(args):
@@ -43,10 +36,8 @@ def add_verbs(verbs) -> None:
     p.add_argument("--runs", nargs="*", default=[])
     p.set_defaults(func=long_stats)
 
-    p = verbs.add_parser("long-figures", help="draw the long-context figures")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=long_figures)
+    add_figures_verb(verbs, "long-figures", "the long-context figures",
+                     "decodelab.studies.long.figures:long_figures")
 
     p = verbs.add_parser("long", help="one process of the long-context study (sparse-KV drafts)")
     p.add_argument("--target-dir", required=True)

@@ -3,10 +3,8 @@ statistics and figure. Torch is imported inside the verbs, as the CLI's own do."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from decodelab.backends.jobs import add_timing, open_job
-from decodelab.core.verbs import read_verdicts, typed
+from decodelab.core.verbs import add_figures_verb, read_verdicts, typed
 
 
 def quantized_stats(args):
@@ -27,11 +25,6 @@ def quantized_stats(args):
         "speculative": qs.speculative_table(runs, speedup),
         "peer": qs.peer_table(peer, speedup, acceptance, ci)})
 
-
-def quantized_figures(args):
-    from decodelab.studies.quantized.figures import quantized_figures as draw
-
-    draw(Path(args.stats), Path(args.out))
 
 
 def verify_cost(args):
@@ -68,10 +61,8 @@ def add_verbs(verbs) -> None:
     p.add_argument("--peer", nargs="*", default=[], help="llama-peer's raw runs")
     p.set_defaults(func=quantized_stats)
 
-    p = verbs.add_parser("quantized-figures", help="draw the quantized backend's figure")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=quantized_figures)
+    add_figures_verb(verbs, "quantized-figures", "the quantized backend's figure",
+                     "decodelab.studies.quantized.figures:quantized_figures")
 
     p = verbs.add_parser("verify-cost", help="time K+1-token against 1-token passes in llama.cpp")
     p.add_argument("--gguf", required=True)

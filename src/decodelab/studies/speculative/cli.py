@@ -4,10 +4,8 @@ CLI's own do."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from decodelab.backends.jobs import add_gguf, add_machine, add_timing, open_job, recorded_pair
-from decodelab.core.verbs import read_verdicts, typed
+from decodelab.core.verbs import add_figures_verb, read_verdicts, typed
 
 
 def speculative_stats(args):
@@ -31,11 +29,6 @@ def speculative_stats(args):
         "parallelism": speculative_tables.parallelism_table(par, ci),
         "floor": speculative_tables.floor_table(runs)})
 
-
-def spec_figures(args):
-    from decodelab.studies.speculative.figures import speculative_figures as draw
-
-    draw(Path(args.stats), Path(args.out))
 
 
 def speculative(args):
@@ -88,10 +81,8 @@ def add_verbs(verbs) -> None:
     p.add_argument("--parallelism", nargs="*", default=[])
     p.set_defaults(func=speculative_stats)
 
-    p = verbs.add_parser("spec-figures", help="draw the speculative-decoding figures")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=spec_figures)
+    add_figures_verb(verbs, "spec-figures", "the speculative-decoding figures",
+                     "decodelab.studies.speculative.figures:speculative_figures")
 
     p = verbs.add_parser("speculative", help="one process of the speculative-decoding study")
     p.add_argument("--target-dir", required=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decodelab.backends.jobs import add_timing, open_job
-from decodelab.core.verbs import read_verdicts, typed
+from decodelab.core.verbs import add_figures_verb, read_verdicts, typed
 
 
 def statistics(args):
@@ -40,11 +40,6 @@ def regime_depth(args):
     frames = depth_tables(Path(args.runs), Path(args.regimes), typed(Regimes, args.spec))
     tables.write_group(args.out, "regime_depth", frames)
 
-
-def figures(args):
-    from decodelab.studies.sweep.figures import draw_all as draw
-
-    draw(Path(args.stats), Path(args.out))
 
 
 def sweep(args):
@@ -81,10 +76,8 @@ def add_verbs(verbs) -> None:
     p.add_argument("--out", required=True, help="the stats directory")
     p.set_defaults(func=regime_depth)
 
-    p = verbs.add_parser("figures", help="draw the figures from the stats tables")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=figures)
+    add_figures_verb(verbs, "figures", "the figures from the stats tables",
+                     "decodelab.studies.sweep.figures:draw_all")
 
     p = verbs.add_parser("sweep", help="time one process's shuffled grid on one backend")
     p.add_argument("--model-dir", required=True)

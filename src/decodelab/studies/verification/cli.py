@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from decodelab.backends.jobs import add_gguf, open_job
-from decodelab.core.verbs import typed
+from decodelab.core.verbs import add_figures_verb, typed
 
 
 def verify_rule(report: str) -> str:
@@ -36,11 +36,6 @@ def verification_stats(args):
         frames[key] = pd.DataFrame(rows).drop(columns=["detail"], errors="ignore")
     tables.write_group(args.out, "verification", frames)
 
-
-def verification_figures(args):
-    from decodelab.studies.verification.figures import verification_figures as draw
-
-    draw(Path(args.stats), Path(args.out))
 
 
 def verify(args):
@@ -81,10 +76,8 @@ def add_verbs(verbs) -> None:
     p.add_argument("reports", nargs="+")
     p.set_defaults(func=verification_stats)
 
-    p = verbs.add_parser("verify-figures", help="draw the verification figures")
-    p.add_argument("--stats", required=True)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=verification_figures)
+    add_figures_verb(verbs, "verify-figures", "the verification figures",
+                     "decodelab.studies.verification.figures:verification_figures")
 
     p = verbs.add_parser("verify", help="one level of the equivalence verification, as JSON")
     p.add_argument("--level", required=True, choices=["exact", "monte-carlo", "real"])
