@@ -10,9 +10,10 @@ the processes that measure it, so the estimate is unbiased and its interval keep
 A best is `distinguishable` when its interval excludes 1.
 
 Few processes (fewer than MIN_PER_HALF per half: the default config's 3, the paper profile's
-5): the split is made inside every process instead, over its cells of identical configuration
-(the prompts of the speculative study, the inner repeats of a sweep): the odd cells choose,
-the even ones estimate, and the bootstrap resamples (process, cell) units. Its independence is
+5): the speculative best is taken over every process with an interval that holds for all its
+configurations at once (`simultaneous_best`); the sweep's claims split inside every process,
+over its cells of identical configuration (the inner repeats): the odd cells choose, the even
+ones estimate, and the bootstrap resamples (process, cell) units. Its independence is
 weaker, and the row says which split it used: cells of one process share that process's state,
 so a configuration that ran slow all through one process is slow in both halves. What makes a
 winner among configurations of equal truth is mostly noise of each measurement (a prompt's
